@@ -1,0 +1,60 @@
+# The two commands of the README: `make book` (build the website) and `make test` (every test).
+# Both create .venv on first use. TORCH selects the PyTorch build that is installed into it:
+#   make test                                   # torch==2.13.0 (this project's CPU build)
+#   make test TORCH="torch --index-url https://download.pytorch.org/whl/cpu"     # CPU wheel from pytorch.org
+#   make test TORCH="torch --index-url https://download.pytorch.org/whl/cu124"   # a CUDA build
+
+SHELL := /bin/bash
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: book test venv lint format sync labs check-python bench clean
+
+check-python:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: '$(PYTHON)' was not found. Install Python 3.10 or newer, or run: make PYTHON=/path/to/python3.x"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' || { echo "error: the course needs Python 3.10 or newer, but '$(PYTHON)' is $$($(PYTHON) -V 2>&1). Run: make PYTHON=/path/to/python3.10-or-newer"; exit 1; }
+
+$(STAMP): requirements.txt pyproject.toml | check-python
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@touch $@
+
+venv: $(STAMP)  ## create .venv with everything the book and the tests need
+
+book: $(STAMP)  ## build the website into _build/html (strict: warnings are errors)
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "The website is at: $(abspath _build/html/index.html)"
+
+test: $(STAMP)  ## lint, package tests, labs under nbval, strict book build, site checks
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python scripts/sync_labs.py --check
+	$(BIN)/actionlint
+	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider notebooks
+	$(BIN)/python -m pytest -m "book or site" --run-book tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+sync: $(STAMP)  ## regenerate every lab's Colab badge and setup cell from pyproject.toml's URL
+	$(BIN)/python scripts/sync_labs.py
+
+labs: $(STAMP)  ## regenerate the labs' head cells and re-execute them, storing outputs
+	$(BIN)/python scripts/sync_labs.py --execute
+
+bench: $(STAMP)
+	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf _build

@@ -1,0 +1,201 @@
+"""Exercises with checkers that explain what is wrong, and solutions shown only when asked for.
+
+Used by the labs (``notebooks/``) and the book's exercise pages. A learner writes a function and calls
+``tc.exercises.check("notation.row_self_attention", my_function)``. The checker runs it on several
+seeded random inputs of different sizes, compares with the reference solution, and when the answer is
+wrong says *how*: not attempted, an exception, the wrong type or shape, off by a transpose, NaNs, rows
+of attention weights that do not sum to one, or one of the exercise's known mistakes (a missing
+``1/sqrt(d_k)`` scale, a softmax over the wrong axis, ...). ``tc.exercises.solution(name)`` prints the
+reference solution's source.
+
+Exercises are defined per chapter in the submodules of this package and registered on import.
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["Exercise", "Feedback", "check", "exercise", "list_exercises", "solution"]
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What a checker found. Truthy only when the answer is correct."""
+
+    exercise: str
+    status: str  # "correct", "incorrect", "not attempted" or "error"
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.status == "correct"
+
+    def __str__(self) -> str:
+        icon = {"correct": "✅", "not attempted": "⏳", "error": "💥"}.get(self.status, "❌")
+        return f"{icon} {self.exercise}: {self.message}"
+
+    __repr__ = __str__
+
+
+@dataclass
+class Exercise:
+    """One exercise: a reference ``solution``, an input generator, and known mistakes.
+
+    Attributes:
+        name: ``"chapter.short_name"``.
+        prompt: what to implement (shown by :func:`list_exercises`).
+        solution: the reference function.
+        make_inputs: ``(generator, trial) -> tuple`` of positional arguments for both functions.
+        mistakes: ``{explanation: wrong_function}``; when the learner's output equals a wrong
+            function's output, the explanation is the feedback.
+        rows_sum_to_one: the output is a matrix of attention weights whose rows sum to one.
+        atol, rtol: tolerances of the comparison (float64 inputs are used, so these are tight).
+    """
+
+    name: str
+    prompt: str
+    solution: Callable[..., Any]
+    make_inputs: Callable[[torch.Generator, int], tuple]
+    mistakes: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    rows_sum_to_one: bool = False
+    atol: float = 1e-8
+    rtol: float = 1e-6
+    trials: int = 3
+
+    def check(self, answer: Callable[..., Any] | None) -> Feedback:
+        """Run ``answer`` against the solution on ``trials`` seeded inputs and explain the result."""
+        if answer is None:
+            return self._feedback("not attempted", "pass your function to check(...).")
+        if not callable(answer):
+            return self._feedback(
+                "incorrect",
+                f"check() expects your function itself (e.g. check(name, my_fn)), got a "
+                f"{type(answer).__name__}.",
+            )
+        for trial in range(self.trials):
+            gen = torch.Generator().manual_seed(1000 + trial)
+            args = self.make_inputs(gen, trial)
+            expected = self.solution(*args)
+            try:
+                got = answer(*[a.clone() if isinstance(a, Tensor) else a for a in args])
+            except NotImplementedError:
+                return self._feedback("not attempted", "replace `raise NotImplementedError` with your code.")
+            except Exception as err:  # the learner's bug: report it, never crash the notebook
+                frames = traceback.extract_tb(err.__traceback__)
+                where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+                return self._feedback("error", f"your function raised {type(err).__name__}: {err}{where}")
+            verdict = self._compare(got, expected, args)
+            if verdict is not None:
+                return self._feedback("incorrect", f"{verdict} [input sizes: {_sizes(args)}]")
+        return self._feedback("correct", f"matches the reference on {self.trials} random inputs.")
+
+    def _feedback(self, status: str, message: str) -> Feedback:
+        return Feedback(self.name, status, message)
+
+    def _compare(self, got: Any, expected: Tensor, args: tuple) -> str | None:
+        if got is None:
+            return "your function returned None; did you forget `return`?"
+        if not isinstance(got, Tensor):
+            try:
+                got = torch.as_tensor(got, dtype=expected.dtype)
+            except (TypeError, ValueError, RuntimeError):
+                return f"expected a torch.Tensor, got {type(got).__name__}."
+            if not isinstance(got, Tensor):
+                return f"expected a torch.Tensor, got {type(got).__name__}."
+        got = got.detach().to(expected.dtype)
+        if got.shape != expected.shape:
+            if got.dim() >= 2 and got.mT.shape == expected.shape and _close(got.mT, expected, self):
+                return (
+                    f"off by a transpose: you returned shape {tuple(got.shape)}, expected "
+                    f"{tuple(expected.shape)}; the values are right once transposed."
+                )
+            return f"wrong shape: expected {tuple(expected.shape)}, got {tuple(got.shape)}."
+        if not torch.isfinite(got).all():
+            return "your output contains NaN or inf; look for exp() overflow or a division by zero."
+        if _close(got, expected, self):
+            return None
+        for explanation, wrong in self.mistakes.items():
+            if _close(got, wrong(*args), self):
+                return explanation
+        if self.rows_sum_to_one:
+            row_sums = got.sum(-1)
+            if not torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-6):
+                col_sums = got.sum(-2)
+                if torch.allclose(col_sums, torch.ones_like(col_sums), atol=1e-6):
+                    return (
+                        "your columns sum to one but the rows do not: the softmax normalised over "
+                        "the wrong axis (use dim=-1, over the keys)."
+                    )
+                return (
+                    f"rows of attention weights must sum to one; yours sum to values between "
+                    f"{row_sums.min():.4g} and {row_sums.max():.4g}."
+                )
+        if got.dim() >= 2 and got.shape == got.mT.shape and _close(got.mT, expected, self):
+            return "off by a transpose: the values are right once transposed."
+        err = (got - expected).abs()
+        idx = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+        return (
+            f"values differ from the reference: largest error {err.max():.3g} at index {idx} "
+            f"(you: {got[idx]:.6g}, expected: {expected[idx]:.6g}; tolerance {self.atol:g})."
+        )
+
+
+def _close(a: Tensor, b: Tensor, ex: Exercise) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b.to(a.dtype), atol=ex.atol, rtol=ex.rtol)
+
+
+def _sizes(args: tuple) -> str:
+    return ", ".join(str(tuple(a.shape)) if isinstance(a, Tensor) else repr(a) for a in args)
+
+
+def exercise(**kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register the decorated function as the solution of a new :class:`Exercise`."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        ex = Exercise(solution=fn, **kwargs)
+        if ex.name in _REGISTRY:
+            raise ValueError(f"exercise {ex.name!r} is defined twice")
+        _REGISTRY[ex.name] = ex
+        return fn
+
+    return register
+
+
+def _get(name: str) -> Exercise:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise KeyError(f"no exercise named {name!r}; known exercises: {known}") from None
+
+
+def check(name: str, answer: Callable[..., Any] | None) -> Feedback:
+    """Check the learner's function ``answer`` for exercise ``name``; returns a :class:`Feedback`."""
+    return _get(name).check(answer)
+
+
+def solution(name: str) -> str:
+    """Return (and print) the source of the reference solution of exercise ``name``."""
+    src = textwrap.dedent(inspect.getsource(_get(name).solution))
+    src = src[src.index("\ndef ") + 1 :]  # drop the @exercise(...) decorator
+    print(src)
+    return src
+
+
+def list_exercises(prefix: str = "") -> list[str]:
+    """Names of the registered exercises starting with ``prefix`` (e.g. ``"notation."``)."""
+    return sorted(n for n in _REGISTRY if n.startswith(prefix))
+
+
+from . import notation  # noqa: E402  (registers the chapter's exercises)
+
+__all__ += ["notation"]

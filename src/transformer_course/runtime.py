@@ -1,0 +1,68 @@
+"""Seeds and devices, used by every chapter, lab and training script.
+
+Library modules never pick a device: they follow their inputs. Only notebooks and scripts call
+:func:`default_device`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+DEVICE_ENV = "TRANSFORMER_COURSE_DEVICE"
+DEVICE_LOG_ENV = "TRANSFORMER_COURSE_DEVICE_LOG"
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python's, NumPy's and torch's generators (CPU and every GPU) with ``seed``.
+
+    Returns a fresh ``torch.Generator`` seeded with ``seed`` for code that wants to pass
+    ``generator=`` explicitly. Global switches (TF32, deterministic algorithms) are left alone.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    return torch.Generator().manual_seed(seed)
+
+
+def default_device(prefer: str | None = None) -> torch.device:
+    """The device a notebook or script should use.
+
+    ``prefer`` (or, when it is ``None``, the environment variable ``TRANSFORMER_COURSE_DEVICE``) may be
+    ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; with neither, CUDA is used when available, else the CPU.
+    Asking for CUDA on a machine without it raises ``RuntimeError`` saying how to fix it. When
+    ``TRANSFORMER_COURSE_DEVICE_LOG`` names a file, the chosen device is appended to it (the GPU CI uses
+    this to prove the notebooks really ran on CUDA).
+    """
+    wanted = prefer if prefer is not None else os.environ.get(DEVICE_ENV) or None
+    if wanted is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        try:
+            device = torch.device(wanted)
+        except RuntimeError as err:
+            raise ValueError(
+                f"unknown device {wanted!r}; use 'cpu', 'cuda' or 'cuda:N'"
+                + (f" (from ${DEVICE_ENV})" if prefer is None else "")
+            ) from err
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"device {wanted!r} was asked for but this torch ({torch.__version__}) sees no CUDA GPU."
+                " Use default_device('cpu'), unset $"
+                + DEVICE_ENV
+                + ", or on Colab pick Runtime > Change runtime type > GPU."
+            )
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"device {wanted!r} was asked for but only {torch.cuda.device_count()} GPU(s) exist"
+            )
+    log = os.environ.get(DEVICE_LOG_ENV)
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"{device.type}\n")
+    return device

@@ -1,0 +1,51 @@
+"""Seeds and devices."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from transformer_course.runtime import default_device, seed_everything
+
+
+def test_seed_everything_repeats_all_generators():
+    g1 = seed_everything(123)
+    a = (random.random(), np.random.rand(), torch.rand(3), torch.rand(2, generator=g1))
+    g2 = seed_everything(123)
+    b = (random.random(), np.random.rand(), torch.rand(3), torch.rand(2, generator=g2))
+    assert a[0] == b[0] and a[1] == b[1]
+    assert torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])
+
+
+def test_seed_must_be_int():
+    with pytest.raises(TypeError, match="seed must be an int"):
+        seed_everything(1.5)
+
+
+def test_default_device(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRANSFORMER_COURSE_DEVICE", raising=False)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert default_device().type == expected
+    assert default_device("cpu") == torch.device("cpu")
+    monkeypatch.setenv("TRANSFORMER_COURSE_DEVICE", "cpu")
+    log = tmp_path / "devices.log"
+    monkeypatch.setenv("TRANSFORMER_COURSE_DEVICE_LOG", str(log))
+    assert default_device() == torch.device("cpu")
+    assert log.read_text() == "cpu\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_gpu_explains(monkeypatch):
+    with pytest.raises(RuntimeError, match="sees no CUDA GPU.*Change runtime type"):
+        default_device("cuda")
+    monkeypatch.setenv("TRANSFORMER_COURSE_DEVICE", "cuda")
+    with pytest.raises(RuntimeError, match="sees no CUDA GPU"):
+        default_device()
+
+
+def test_unknown_device_explains():
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        default_device("gpu")

@@ -1,0 +1,252 @@
+"""Tests for transformer_course.tokens: hand-computed cases, round trips and error messages."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_course.tokens import (
+    BPETokenizer,
+    CharTokenizer,
+    PatchEmbedding,
+    patchify,
+    unpatchify,
+)
+
+SHAKESPEARE = Path("/work/shared/data/tinyshakespeare/input.txt")
+ALPHABET = "abcde fgh\nXYZ.,!?'éßñ中文日本😀🙂ü\t0123_"
+
+
+def random_text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(n))
+
+
+# ------------------------------------------------------------------------------------------------
+# CharTokenizer
+# ------------------------------------------------------------------------------------------------
+
+
+def test_char_vocab_by_hand():
+    tok = CharTokenizer.from_text("hello world")
+    assert tok.itos == [" ", "d", "e", "h", "l", "o", "r", "w"]  # sorted by code point
+    assert tok.vocab_size == 8
+    assert tok.stoi == {" ": 0, "d": 1, "e": 2, "h": 3, "l": 4, "o": 5, "r": 6, "w": 7}
+    assert tok.encode("hello") == [3, 2, 4, 4, 5]
+    assert tok.decode([7, 5, 6, 4, 1]) == "world"
+
+
+def test_char_round_trip_over_training_text():
+    text = random_text(random.Random(0), 2000)
+    tok = CharTokenizer.from_text(text)
+    ids = tok.encode(text)
+    assert len(ids) == len(text)
+    assert tok.decode(ids) == text
+    assert tok.decode(torch.tensor(ids)) == text  # a 1-D tensor works too
+
+
+def test_char_encode_tensor():
+    tok = CharTokenizer.from_text("abc")
+    t = tok.encode_tensor("cab")
+    assert t.dtype == torch.long and t.shape == (3,)
+    assert t.tolist() == [2, 0, 1]
+
+
+def test_char_unknown_characters_listed_once_in_order():
+    tok = CharTokenizer.from_text("hello")
+    expected = "4 character(s) not in the vocabulary of 4: 'p', ' ', 'm', '!'"
+    with pytest.raises(ValueError, match=re.escape(expected)) as info:
+        tok.encode("help me!! pp")
+    msg = str(info.value)
+    assert msg.count("'p'") == 1
+    assert "from_text" in msg  # says how to fix it
+
+
+def test_char_decode_out_of_range():
+    tok = CharTokenizer.from_text("abc")
+    with pytest.raises(ValueError, match=r"id 3 is not a token id: valid ids are 0 to 2"):
+        tok.decode([0, 3])
+    with pytest.raises(ValueError, match=r"id -1 "):
+        tok.decode([-1])
+
+
+def test_char_bad_vocabularies():
+    with pytest.raises(ValueError, match="empty"):
+        CharTokenizer.from_text("")
+    with pytest.raises(ValueError, match="repeats"):
+        CharTokenizer(["a", "b", "a"])
+    with pytest.raises(ValueError, match="one character"):
+        CharTokenizer(["a", "bc"])
+
+
+@pytest.mark.skipif(not SHAKESPEARE.exists(), reason="tiny-shakespeare not downloaded")
+def test_char_tiny_shakespeare_has_65_symbols():
+    text = SHAKESPEARE.read_text(encoding="utf-8")
+    tok = CharTokenizer.from_text(text)
+    assert tok.vocab_size == 65
+    assert tok.decode(tok.encode(text[:5000])) == text[:5000]
+
+
+# ------------------------------------------------------------------------------------------------
+# BPETokenizer
+# ------------------------------------------------------------------------------------------------
+
+
+def test_bpe_wikipedia_example():
+    # aaabdaaabac: "aa" (4 times) -> Z=256; then "Za" and "ab" tie at 2 and the smaller pair,
+    # (97, 98) = "ab", wins -> Y=257 (as on Wikipedia); then "ZY" -> X=258, giving "XdXac".
+    tok = BPETokenizer.train("aaabdaaabac", vocab_size=259)
+    a, b, c, d = 97, 98, 99, 100
+    assert tok.merges == [(a, a), (a, b), (256, 257)]
+    assert tok.vocab[256] == b"aa" and tok.vocab[257] == b"ab" and tok.vocab[258] == b"aaab"
+    assert tok.encode("aaabdaaabac") == [258, d, 258, a, c]
+    assert tok.tokens_as_strings("aaabdaaabac") == ["aaab", "d", "aaab", "a", "c"]
+    assert tok.vocab_size == 259
+
+
+def test_bpe_ties_take_the_smallest_pair():
+    tok = BPETokenizer.train("dcba", vocab_size=257)  # pairs dc, cb, ba all once
+    assert tok.merges == [(ord("b"), ord("a"))]
+
+
+def test_bpe_256_is_plain_bytes_and_stops_early():
+    text = "naïve café 😀"
+    tok = BPETokenizer.train(text, vocab_size=256)
+    assert tok.merges == [] and tok.encode(text) == list(text.encode("utf-8"))
+    short = BPETokenizer.train("ab", vocab_size=1000)  # only one pair ever exists
+    assert short.merges == [(97, 98)] and short.vocab_size == 257
+
+
+def test_bpe_vocab_size_too_small():
+    with pytest.raises(ValueError, match=r"vocab_size=100 is too small.*256 byte values"):
+        BPETokenizer.train("hello", vocab_size=100)
+
+
+def test_bpe_round_trip_random_unicode():
+    rng = random.Random(1)
+    tok = BPETokenizer.train(random_text(rng, 3000), vocab_size=320)
+    assert tok.vocab_size == 320
+    for _ in range(50):
+        s = random_text(rng, rng.randrange(0, 60))
+        assert tok.decode(tok.encode(s)) == s
+    unseen = "Ωμέγα ∑ \x00 \U0010ffff"  # characters never seen in training still round-trip
+    assert tok.decode(tok.encode(unseen)) == unseen
+
+
+def test_bpe_encode_matches_merges_applied_in_order():
+    """Encoding equals the textbook procedure: run through every merge in order, over each piece."""
+    rng = random.Random(2)
+    tok = BPETokenizer.train(random_text(rng, 2000), vocab_size=300)
+
+    def slow(piece: str) -> list[int]:
+        ids = list(piece.encode("utf-8"))
+        for k, (a, b) in enumerate(tok.merges):
+            out, i = [], 0
+            while i < len(ids):
+                if i + 1 < len(ids) and ids[i] == a and ids[i + 1] == b:
+                    out.append(256 + k)
+                    i += 2
+                else:
+                    out.append(ids[i])
+                    i += 1
+            ids = out
+        return ids
+
+    for _ in range(30):
+        s = random_text(rng, 40)
+        pieces = re.findall(r" ?\w+| ?[^\w\s]+|\s+", s)
+        assert "".join(pieces) == s
+        assert tok.encode(s) == [i for p in pieces for i in slow(p)]
+
+
+def test_bpe_vocab_is_consistent_and_compresses():
+    text = "the evaluation of the evaluator " * 20
+    tok = BPETokenizer.train(text, vocab_size=290)
+    for k, (a, b) in enumerate(tok.merges):
+        assert tok.vocab[256 + k] == tok.vocab[a] + tok.vocab[b]
+    assert tok.tokens_as_strings(" evaluation") == [" evaluation"]  # frequent word -> one token
+    assert len(tok.encode(text)) < len(text.encode("utf-8")) // 5
+
+
+def test_bpe_tokens_as_strings_shows_partial_bytes():
+    tok = BPETokenizer.train("abc", vocab_size=256)
+    assert tok.tokens_as_strings("é") == ["\\xc3", "\\xa9"]
+    assert tok.decode([0xC3]) == "\ufffd"  # half a character decodes to the replacement mark
+
+
+def test_bpe_decode_unknown_id():
+    tok = BPETokenizer.train("aaaa", vocab_size=257)
+    with pytest.raises(ValueError, match=r"id 257 is not a token id: valid ids are 0 to 256"):
+        tok.decode([97, 257])
+
+
+# ------------------------------------------------------------------------------------------------
+# Patches
+# ------------------------------------------------------------------------------------------------
+
+
+def test_patchify_by_hand():
+    img = torch.arange(16.0).reshape(1, 1, 4, 4)
+    p = patchify(img, 2)
+    assert p.shape == (1, 4, 4)
+    assert p[0].tolist() == [[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]]
+
+
+def test_patchify_matches_double_loop():
+    torch.manual_seed(0)
+    B, C, H, W, P = 2, 3, 6, 8, 2
+    images = torch.randn(B, C, H, W)
+    expected = torch.stack(
+        [
+            images[:, :, i * P : (i + 1) * P, j * P : (j + 1) * P].reshape(B, C * P * P)
+            for i in range(H // P)  # row-major: patch rows outer, patch columns inner
+            for j in range(W // P)
+        ],
+        dim=1,
+    )
+    assert torch.equal(patchify(images, P), expected)
+
+
+def test_unpatchify_inverts_patchify():
+    torch.manual_seed(1)
+    images = torch.randn(2, 3, 4, 6)
+    patches = patchify(images, 2)
+    assert patches.shape == (2, 6, 12)
+    assert torch.equal(unpatchify(patches, 2, (4, 6), 3), images)
+    square = torch.randn(1, 1, 6, 6)
+    assert torch.equal(unpatchify(patchify(square, 3), 3, 6, 1), square)
+    with pytest.raises(ValueError, match=r"need \(B, N, C\*P\*P\) = \(B, 6, 12\)"):
+        unpatchify(patches[:, :5], 2, (4, 6), 3)
+
+
+def test_patchify_errors():
+    with pytest.raises(ValueError, match=r"5 x 6 is not divisible by patch_size=2"):
+        patchify(torch.zeros(1, 3, 5, 6), 2)
+    with pytest.raises(ValueError, match=r"unsqueeze\(0\)"):
+        patchify(torch.zeros(3, 4, 4), 2)
+    with pytest.raises(ValueError, match="positive int"):
+        patchify(torch.zeros(1, 3, 4, 4), 0)
+
+
+def test_patch_embedding_equation_and_conv2d():
+    torch.manual_seed(2)
+    emb = PatchEmbedding(patch_size=4, channels=3, d_model=5).double()
+    images = torch.randn(2, 3, 8, 12, dtype=torch.float64)
+    X = emb(images)
+    assert X.shape == (2, 6, 5)
+    W, b = emb.proj.weight, emb.proj.bias  # W is (d_model, C*P*P)
+    torch.testing.assert_close(X, patchify(images, 4) @ W.T + b, rtol=0, atol=1e-10)
+    conv = emb.as_conv2d()
+    Y = conv(images).flatten(2).transpose(1, 2)  # (B, d_model, H/P, W/P) -> (B, N, d_model)
+    torch.testing.assert_close(X, Y, rtol=0, atol=1e-10)
+
+
+def test_patch_embedding_without_bias_and_wrong_channels():
+    emb = PatchEmbedding(2, 1, 3, bias=False)
+    assert emb.proj.bias is None and emb.as_conv2d().bias is None
+    assert emb(torch.zeros(1, 1, 4, 4)).abs().sum() == 0  # linear, no bias: zero in, zero out
+    with pytest.raises(ValueError, match=r"C=3 channels but this PatchEmbedding .* channels=1"):
+        emb(torch.zeros(1, 3, 4, 4))
