@@ -191,3 +191,12 @@ def test_transposed_weight_is_diagnosed():
 def test_top_level_exports():
     assert tc.self_attention is self_attention
     assert tc.scaled_dot_product_attention_reference is scaled_dot_product_attention_reference
+
+
+def test_causal_mask():
+    m = tc.attention.causal_mask(3)
+    assert m.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    m = tc.attention.causal_mask(2, 4)  # the last 2 of 4 positions
+    assert m.tolist() == [[True, True, True, False], [True, True, True, True]]
+    with pytest.raises(ValueError, match="0 <= N <= M"):
+        tc.attention.causal_mask(4, 2)

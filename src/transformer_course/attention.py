@@ -24,6 +24,7 @@ from torch import Tensor
 
 __all__ = [
     "attention_weights",
+    "causal_mask",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_reference",
     "self_attention",
@@ -81,6 +82,18 @@ def _check_qkv(Q: Tensor, K: Tensor, V: Tensor | None, mask: Tensor | None) -> N
                 f"mask has shape {_shape(mask)} but must be (N, M) = ({N}, {M}) or the full "
                 f"{(*lead, N, M)} for Q {_shape(Q)} and K {_shape(K)}"
             )
+
+
+def causal_mask(N: int, M: int | None = None, device: torch.device | str | None = None) -> Tensor:
+    """Boolean ``(N, M)`` mask, ``True`` where query ``n`` may attend to key ``m <= n + (M - N)``.
+
+    With ``M = N`` (the default) it is lower triangular: token ``n`` sees tokens ``0..n``. With
+    ``M > N`` the queries are the last ``N`` of ``M`` positions (as when a cache holds earlier keys).
+    """
+    M = N if M is None else M
+    if N < 0 or M < N:
+        raise ValueError(f"a causal mask needs 0 <= N <= M, got N={N}, M={M}")
+    return torch.ones(N, M, dtype=torch.bool, device=device).tril(diagonal=M - N)
 
 
 def _default_scale(Q: Tensor, scale: float | None) -> float:

@@ -196,6 +196,13 @@ def list_exercises(prefix: str = "") -> list[str]:
     return sorted(n for n in _REGISTRY if n.startswith(prefix))
 
 
-from . import notation  # noqa: E402  (registers the chapter's exercises)
+def _register_all() -> None:
+    """Import every chapter module of this package; each registers its exercises on import."""
+    import importlib
+    import pkgutil
 
-__all__ += ["notation"]
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+_register_all()
