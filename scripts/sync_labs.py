@@ -24,7 +24,7 @@ from transformer_course import project
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LABS = ROOT / "notebooks"
 
-SETUP_TEMPLATE = '''\
+SETUP_TEMPLATE = """\
 # Setup: install the course package only when it is missing (e.g. on Colab). Torch is never touched.
 import importlib.util
 import subprocess
@@ -44,7 +44,7 @@ if importlib.util.find_spec("transformer_course") is None:
             + done.stderr[-1500:]
             + "\\nOffline? Download the repository as a zip on a connected machine, upload it "
             "(Colab: Files pane), then run  !pip install ./transformer-course-{branch}  and re-run."
-        )'''
+        )"""
 
 
 def badge_source(path: str, title: str) -> str:
@@ -85,7 +85,9 @@ def stale_labs() -> list[str]:
     for path in sorted(LABS.glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         head = expected_head(path, nb)
-        if not has_head(nb) or any(a.source != b.source for a, b in zip(nb.cells[:2], head, strict=True)):
+        if not has_head(nb) or any(
+            a.source != b.source for a, b in zip(nb.cells[:2], head, strict=True)
+        ):
             stale.append(path.relative_to(ROOT).as_posix())
     return stale
 
@@ -99,7 +101,11 @@ def sync(path: pathlib.Path) -> None:
     else:
         nb.cells[:1] = head  # a new lab: its first cell held only the title
     nb.metadata.setdefault("colab", {})["provenance"] = []
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata["kernelspec"] = {
+        "display_name": "Python 3",
+        "language": "python",
+        "name": "python3",
+    }
     nbformat.write(nb, path)
 
 
@@ -107,12 +113,16 @@ def execute(path: pathlib.Path) -> None:
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}).execute()
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}
+    ).execute()
     nbformat.write(nb, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("labs", nargs="*", help="lab files (default: every notebooks/*.ipynb)")
     parser.add_argument("--check", action="store_true", help="only report stale labs")
     parser.add_argument("--execute", action="store_true", help="run each lab and store outputs")

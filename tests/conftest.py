@@ -2,15 +2,47 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# the jupyter-book of the interpreter running the tests (the .venv one under `make test`)
+JUPYTER_BOOK = str(pathlib.Path(sys.executable).parent / "jupyter-book")
 
 
 @pytest.fixture
 def gen() -> torch.Generator:
     """A fresh seeded generator for each test."""
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def _book_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, str]:
+    """Build the real book once per session, strictly, into a temporary folder."""
+    out = tmp_path_factory.mktemp("book")
+    done = subprocess.run(
+        [JUPYTER_BOOK, "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYDEVD_DISABLE_FILE_VALIDATION": "1"},
+    )
+    return out / "_build" / "html", done.stdout + done.stderr
+
+
+@pytest.fixture(scope="session")
+def built_book(_book_build: tuple[pathlib.Path, str]) -> pathlib.Path:
+    html, log = _book_build
+    if not (html / "index.html").exists():
+        pytest.fail("the book did not build:\n" + log[-4000:])
+    return html
+
+
+@pytest.fixture(scope="session")
+def built_book_log(_book_build: tuple[pathlib.Path, str]) -> str:
+    return _book_build[1]

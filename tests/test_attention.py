@@ -64,7 +64,9 @@ def test_reference_matches_loops(dtype, shape, masked, gen):
     V = torch.randn(M, d_v, generator=gen, dtype=dtype)
     mask = torch.rand(N, M, generator=gen) < 0.6 if masked else None
     Y = scaled_dot_product_attention_reference(Q, K, V, mask)
-    torch.testing.assert_close(Y, loop_attention(Q.double(), K.double(), V.double(), mask).to(dtype), **TOL[dtype])
+    torch.testing.assert_close(
+        Y, loop_attention(Q.double(), K.double(), V.double(), mask).to(dtype), **TOL[dtype]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -91,7 +93,9 @@ def test_reference_efficient_and_torch_agree(dtype, batch, mask_kind, NM, gen):
     torch.testing.assert_close(eff, ref, **TOL[dtype])
     if mask is not None and mask.dim() == 2 and batch:
         mask = mask.expand(*batch, N, M)
-    torch.testing.assert_close(ref, F.scaled_dot_product_attention(Q, K, V, attn_mask=mask), **TOL[dtype])
+    torch.testing.assert_close(
+        ref, F.scaled_dot_product_attention(Q, K, V, attn_mask=mask), **TOL[dtype]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -105,7 +109,10 @@ def test_self_attention_reference_vs_efficient(dtype, gen):
         assert ref.shape == (3, 7, 6)
         torch.testing.assert_close(self_attention(X, W_q, W_k, W_v, mask), ref, **TOL[dtype])
         expected = torch.stack(
-            [loop_attention(x @ W_q.double(), x @ W_k.double(), x @ W_v.double(), mask) for x in X.double()]
+            [
+                loop_attention(x @ W_q.double(), x @ W_k.double(), x @ W_v.double(), mask)
+                for x in X.double()
+            ]
         ).to(dtype)
         torch.testing.assert_close(ref, expected, **TOL[dtype])
 
@@ -125,10 +132,14 @@ def test_orthogonal_inputs_give_identity_in_the_limit():
     X = 30.0 * torch.eye(5, dtype=torch.float64)
     A = attention_weights(X, X, scale=1.0)
     torch.testing.assert_close(A, torch.eye(5, dtype=torch.float64), atol=1e-12, rtol=0)
-    torch.testing.assert_close(scaled_dot_product_attention(X, X, X, scale=1.0), X, atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        scaled_dot_product_attention(X, X, X, scale=1.0), X, atol=1e-9, rtol=0
+    )
 
 
-@pytest.mark.parametrize("fn", [scaled_dot_product_attention_reference, scaled_dot_product_attention])
+@pytest.mark.parametrize(
+    "fn", [scaled_dot_product_attention_reference, scaled_dot_product_attention]
+)
 def test_fully_masked_rows_give_zeros_not_nan(fn, gen):
     Q = torch.randn(2, 4, 3, generator=gen, requires_grad=True)
     K = torch.randn(2, 5, 3, generator=gen)
@@ -144,9 +155,14 @@ def test_fully_masked_rows_give_zeros_not_nan(fn, gen):
 
 
 def test_gradients_agree(gen):
-    args = [torch.randn(2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    args = [
+        torch.randn(2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    ]
     mask = torch.ones(5, 5, dtype=torch.bool).tril()
-    g_ref = torch.autograd.grad(scaled_dot_product_attention_reference(*args, mask).square().sum(), args)
+    g_ref = torch.autograd.grad(
+        scaled_dot_product_attention_reference(*args, mask).square().sum(), args
+    )
     g_eff = torch.autograd.grad(scaled_dot_product_attention(*args, mask).square().sum(), args)
     for a, b in zip(g_ref, g_eff, strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
@@ -161,7 +177,9 @@ def test_gradients_agree(gen):
         (((8,), (4, 8), (4, 2)), r"at least 2 dims"),
     ],
 )
-@pytest.mark.parametrize("fn", [scaled_dot_product_attention_reference, scaled_dot_product_attention])
+@pytest.mark.parametrize(
+    "fn", [scaled_dot_product_attention_reference, scaled_dot_product_attention]
+)
 def test_bad_shapes_are_named(shapes, match, fn):
     Q, K, V = (torch.randn(*s) for s in shapes)
     with pytest.raises(ValueError, match=match):
@@ -170,7 +188,9 @@ def test_bad_shapes_are_named(shapes, match, fn):
 
 def test_bad_masks_are_explained():
     Q, K, V = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5, 2)
-    with pytest.raises(ValueError, match=r"mask has shape \(5, 4\) but must be \(N, M\) = \(4, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"mask has shape \(5, 4\) but must be \(N, M\) = \(4, 5\)"
+    ):
         scaled_dot_product_attention(Q, K, V, torch.ones(5, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="mask must be a bool tensor"):
         scaled_dot_product_attention(Q, K, V, torch.ones(4, 5))

@@ -24,7 +24,9 @@ def test_column_form_equals_row_form(N, D, K, D_v, gen):
     torch.testing.assert_close(A_cols.sum(0), torch.ones(N, dtype=torch.float64))  # columns
     torch.testing.assert_close(A_cols, attention_weights(X @ W_q, X @ W_k).T, atol=1e-12, rtol=0)
     Y_cols = turner_self_attention(X_cols, U_q, U_k, U_v)
-    torch.testing.assert_close(columns_to_rows(Y_cols), self_attention(X, W_q, W_k, W_v), atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        columns_to_rows(Y_cols), self_attention(X, W_q, W_k, W_v), atol=1e-12, rtol=0
+    )
 
 
 def test_turner_form_by_its_sum(gen):

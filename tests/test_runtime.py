@@ -13,9 +13,9 @@ from transformer_course.runtime import default_device, seed_everything
 
 def test_seed_everything_repeats_all_generators():
     g1 = seed_everything(123)
-    a = (random.random(), np.random.rand(), torch.rand(3), torch.rand(2, generator=g1))
+    a = (random.random(), np.random.rand(), torch.rand(3), torch.rand(2, generator=g1))  # noqa: NPY002
     g2 = seed_everything(123)
-    b = (random.random(), np.random.rand(), torch.rand(3), torch.rand(2, generator=g2))
+    b = (random.random(), np.random.rand(), torch.rand(3), torch.rand(2, generator=g2))  # noqa: NPY002
     assert a[0] == b[0] and a[1] == b[1]
     assert torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])
 
@@ -39,7 +39,7 @@ def test_default_device(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_gpu_explains(monkeypatch):
-    with pytest.raises(RuntimeError, match="sees no CUDA GPU.*Change runtime type"):
+    with pytest.raises(RuntimeError, match=r"sees no CUDA GPU.*Change runtime type"):
         default_device("cuda")
     monkeypatch.setenv("TRANSFORMER_COURSE_DEVICE", "cuda")
     with pytest.raises(RuntimeError, match="sees no CUDA GPU"):

@@ -40,14 +40,20 @@ def _check_U(X_cols: Tensor, **U: Tensor) -> None:
     D = X_cols.shape[0]
     for name, u in U.items():
         if u.dim() != 2 or u.shape[1] != D:
-            hint = " (it looks transposed: Turner's U acts on the left, U x_n)" if u.shape[0] == D else ""
+            hint = (
+                " (it looks transposed: Turner's U acts on the left, U x_n)"
+                if u.shape[0] == D
+                else ""
+            )
             raise ValueError(
                 f"{name} has shape {tuple(u.shape)} but must be (K, D) with D={D} "
                 f"for X_cols of shape {tuple(X_cols.shape)}{hint}"
             )
 
 
-def turner_attention(X_cols: Tensor, U_q: Tensor, U_k: Tensor, scale: float | None = None) -> Tensor:
+def turner_attention(
+    X_cols: Tensor, U_q: Tensor, U_k: Tensor, scale: float | None = None
+) -> Tensor:
     r"""Turner's attention matrix, eq. ``turner-attention`` (Turner 2023, eq. 3 and 5).
 
     .. math:: A_{n',n} = \frac{\exp\big(\mathbf{k}_{n'}^\top \mathbf{q}_n \, s\big)}

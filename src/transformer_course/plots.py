@@ -55,7 +55,9 @@ def attention_heatmap(
     else:
         fig = ax.figure
     im = ax.imshow(A.numpy(), cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto")
-    ax.set_xticks(range(M), labels=list(keys) if keys is not None else range(M), rotation=45, ha="right")
+    ax.set_xticks(
+        range(M), labels=list(keys) if keys is not None else range(M), rotation=45, ha="right"
+    )
     ax.set_yticks(range(N), labels=list(queries) if queries is not None else range(N))
     ax.set_xlabel("key m")
     ax.set_ylabel("query n")

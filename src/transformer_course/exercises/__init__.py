@@ -88,11 +88,15 @@ class Exercise:
             try:
                 got = answer(*[a.clone() if isinstance(a, Tensor) else a for a in args])
             except NotImplementedError:
-                return self._feedback("not attempted", "replace `raise NotImplementedError` with your code.")
+                return self._feedback(
+                    "not attempted", "replace `raise NotImplementedError` with your code."
+                )
             except Exception as err:  # the learner's bug: report it, never crash the notebook
                 frames = traceback.extract_tb(err.__traceback__)
                 where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
-                return self._feedback("error", f"your function raised {type(err).__name__}: {err}{where}")
+                return self._feedback(
+                    "error", f"your function raised {type(err).__name__}: {err}{where}"
+                )
             verdict = self._compare(got, expected, args)
             if verdict is not None:
                 return self._feedback("incorrect", f"{verdict} [input sizes: {_sizes(args)}]")

@@ -53,16 +53,14 @@ def turner_to_row_weights(A_cols: Tensor) -> Tensor:
             lambda X, W_q, W_k, W_v: torch.softmax((X @ W_q) @ (X @ W_k).T, dim=-1) @ (X @ W_v)
         ),
         "the softmax normalised the columns (dim=0); each query's row must sum to one (dim=-1).": (
-            lambda X, W_q, W_k, W_v: torch.softmax(
-                (X @ W_q) @ (X @ W_k).T / math.sqrt(W_q.shape[1]), dim=0
+            lambda X, W_q, W_k, W_v: (
+                torch.softmax((X @ W_q) @ (X @ W_k).T / math.sqrt(W_q.shape[1]), dim=0) @ (X @ W_v)
             )
-            @ (X @ W_v)
         ),
         "queries and keys are swapped: the scores are Q K^T (row n is query n), not K Q^T.": (
-            lambda X, W_q, W_k, W_v: torch.softmax(
-                (X @ W_k) @ (X @ W_q).T / math.sqrt(W_q.shape[1]), dim=-1
+            lambda X, W_q, W_k, W_v: (
+                torch.softmax((X @ W_k) @ (X @ W_q).T / math.sqrt(W_q.shape[1]), dim=-1) @ (X @ W_v)
             )
-            @ (X @ W_v)
         ),
     },
 )
@@ -83,17 +81,17 @@ def row_self_attention(X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor) -> Tens
     make_inputs=_turner_inputs,
     mistakes={
         "the softmax normalised the rows of A_cols; in Turner's form each column sums to one (dim=0).": (
-            lambda X, U_q, U_k, U_v: U_v
-            @ X
-            @ torch.softmax((U_k @ X).T @ (U_q @ X) / math.sqrt(U_q.shape[0]), dim=1)
+            lambda X, U_q, U_k, U_v: (
+                U_v @ X @ torch.softmax((U_k @ X).T @ (U_q @ X) / math.sqrt(U_q.shape[0]), dim=1)
+            )
         ),
         "the 1/sqrt(K) scale is missing (Turner absorbs it into U_q; here it is explicit).": (
             lambda X, U_q, U_k, U_v: U_v @ X @ torch.softmax((U_k @ X).T @ (U_q @ X), dim=0)
         ),
         "A_cols is transposed: its entry [n', n] is k_{n'}.q_n, i.e. (U_k X)^T (U_q X).": (
-            lambda X, U_q, U_k, U_v: U_v
-            @ X
-            @ torch.softmax((U_q @ X).T @ (U_k @ X) / math.sqrt(U_q.shape[0]), dim=0)
+            lambda X, U_q, U_k, U_v: (
+                U_v @ X @ torch.softmax((U_q @ X).T @ (U_k @ X) / math.sqrt(U_q.shape[0]), dim=0)
+            )
         ),
     },
 )

@@ -1,0 +1,123 @@
+"""The book: a strict build (warnings are errors), failing cells fail loudly, and the site is whole.
+
+These tests build the real book once per session into a temporary folder (about a minute), so they
+are marked ``book``; skip them while iterating with ``pytest -m "not book and not site"``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+from conftest import JUPYTER_BOOK
+
+from transformer_course import project
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.book
+
+
+def build(source: pathlib.Path, out: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [JUPYTER_BOOK, "build", str(source), "-W", "-n", "--keep-going", "--path-output", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=source,
+    )
+
+
+def sphinx_warnings(log: str) -> list[str]:
+    """Warning lines from Sphinx (kernel chatter on stderr is not a build warning)."""
+    return [line for line in log.splitlines() if "WARNING" in line and "[IPKernelApp]" not in line]
+
+
+@pytest.fixture(scope="session")
+def html(built_book: pathlib.Path) -> pathlib.Path:
+    return built_book
+
+
+def test_strict_build_succeeds_without_warnings(built_book_log: str):
+    assert "build succeeded" in built_book_log, built_book_log[-3000:]
+    assert sphinx_warnings(built_book_log) == []
+
+
+def test_every_toc_page_is_built(html: pathlib.Path):
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    for f in files:
+        assert (html / f"{f}.html").exists(), f
+
+
+def test_equations_are_numbered_and_referenced(html: pathlib.Path):
+    for page in sorted((ROOT / "book").glob("*.md")):
+        labels = re.findall(r"^:label: (eq-[\w-]+)", page.read_text(), flags=re.M)
+        if not labels:
+            continue
+        out = (html / "book" / page.name).with_suffix(".html").read_text()
+        for label in labels:
+            assert f'id="equation-{label}"' in out, (
+                f"{page.name}: {label} is not a numbered equation"
+            )
+        assert len(re.findall(r'class="eqno"', out)) >= len(labels), page.name
+
+
+def test_citations_resolve(html: pathlib.Path):
+    for page in (html / "book").glob("*.html"):
+        text = page.read_text()
+        assert "??" not in re.sub(r"<(script|style)[^>]*>.*?</\1>", "", text, flags=re.S), page.name
+    bib = (html / "book" / "bibliography.html").read_text()
+    for author in ("Turner", "Bishop", "Vaswani", "Dosovitskiy", "Dramko", "Phuong", "Bahdanau"):
+        assert author in bib, author
+
+
+def test_no_asset_is_loaded_from_the_internet(html: pathlib.Path):
+    """Scripts, stylesheets and fonts must come from the site itself (it has to work offline)."""
+    pattern = re.compile(r'<(?:script|link)\b[^>]*?(?:src|href)="(https?:)?//[^"]+"[^>]*>', re.I)
+    for page in html.rglob("*.html"):
+        bad = [
+            m.group(0)
+            for m in pattern.finditer(page.read_text())
+            if "<link" not in m.group(0).lower()
+            or "stylesheet" in m.group(0).lower()
+            or "preload" in m.group(0).lower()
+        ]
+        assert not bad, f"{page.relative_to(html)} loads {bad[:2]}"
+    assert (html / "_static" / "mathjax" / "tex-chtml.js").exists()
+    notation = (html / "book" / "notation.html").read_text()
+    assert "_static/mathjax/tex-chtml.js" in notation
+
+
+def test_chapter_launch_button_opens_its_lab_in_colab(html: pathlib.Path):
+    notation = (html / "book" / "notation.html").read_text()
+    assert project.colab_url("notebooks/00_notation.ipynb") in notation
+    assert (
+        "colab.research.google.com/github/" + project.github_slug() + "/blob/main/book/"
+        not in notation
+    )
+    lab = (html / "notebooks" / "00_notation.html").read_text()
+    assert project.colab_url("notebooks/00_notation.ipynb") in lab
+
+
+def test_a_failing_cell_fails_the_build_and_names_page_and_cell(tmp_path: pathlib.Path):
+    book = tmp_path / "mini"
+    (book / "book").mkdir(parents=True)
+    for name in ("_config.yml", "references.bib"):
+        shutil.copy(ROOT / name, book / name)
+    shutil.copytree(ROOT / "book" / "_ext", book / "book" / "_ext")
+    (book / "_toc.yml").write_text("format: jb-book\nroot: book/broken\n")
+    header = (ROOT / "book" / "notation.md").read_text().split("---")[1]
+    (book / "book" / "broken.md").write_text(
+        f"---{header}---\n# Broken\n\n```{{code-cell}} ipython3\nx = 1\n```\n\n"
+        '```{code-cell} ipython3\nraise ValueError("deliberate failure in cell 2")\n```\n'
+    )
+    done = build(book, tmp_path / "out")
+    log = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)  # drop colour codes
+    assert done.returncode != 0
+    assert "book/broken.md" in log  # the page
+    assert 'raise ValueError("deliberate failure in cell 2")' in log  # the cell
+    assert "ValueError: deliberate failure in cell 2" in log

@@ -1,0 +1,115 @@
+"""The checker framework: every verdict is explained, learner bugs never crash a notebook."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import transformer_course as tc
+from transformer_course.exercises import Exercise, check, list_exercises, solution
+
+ALL = list_exercises()
+
+
+def test_registry_has_the_notation_exercises():
+    assert {
+        "notation.row_self_attention",
+        "notation.turner_self_attention",
+        "notation.turner_to_row_weights",
+    } <= set(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_reference_solution_passes_its_checker(name):
+    feedback = check(name, tc.exercises._get(name).solution)
+    assert feedback, str(feedback)
+    assert feedback.status == "correct"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_known_mistake_is_diagnosed(name):
+    ex = tc.exercises._get(name)
+    for explanation, wrong in ex.mistakes.items():
+        feedback = check(name, wrong)
+        assert not feedback
+        assert explanation in feedback.message, (explanation, feedback.message)
+
+
+def test_not_attempted_and_errors_are_reported_not_raised():
+    def todo(*args):
+        raise NotImplementedError
+
+    def buggy(X, W_q, W_k, W_v):
+        return X @ W_q @ W_k  # shapes do not fit
+
+    assert check("notation.row_self_attention", todo).status == "not attempted"
+    assert check("notation.row_self_attention", None).status == "not attempted"
+    fb = check("notation.row_self_attention", buggy)
+    assert fb.status == "error" and "RuntimeError" in fb.message and "line" in fb.message
+    fb = check("notation.row_self_attention", "not a function")
+    assert fb.status == "incorrect" and "expects your function itself" in fb.message
+
+
+def test_generic_diagnoses():
+    def returns_none(X, W_q, W_k, W_v):
+        pass
+
+    def wrong_shape(X, W_q, W_k, W_v):
+        return tc.self_attention(X, W_q, W_k, W_v)[:-1]
+
+    def off(X, W_q, W_k, W_v):
+        return tc.self_attention(X, W_q, W_k, W_v) + 1e-3
+
+    def nan(X, W_q, W_k, W_v):
+        return tc.self_attention(X, W_q, W_k, W_v) * float("nan")
+
+    def as_list(X, W_q, W_k, W_v):
+        return tc.self_attention(X, W_q, W_k, W_v).tolist()
+
+    name = "notation.row_self_attention"
+    assert "forget `return`" in check(name, returns_none).message
+    assert "wrong shape" in check(name, wrong_shape).message
+    msg = check(name, off).message
+    assert "largest error 0.001" in msg and "index" in msg
+    assert "NaN" in check(name, nan).message
+    assert check(name, as_list), "a nested list with the right values is accepted"
+
+
+def test_rows_not_summing_to_one_and_wrong_axis_are_explained():
+    name = "notation.turner_to_row_weights"
+    fb = check(name, lambda A_cols: A_cols)  # forgot to transpose: columns sum to one
+    assert "columns sum to one but the rows do not" in fb.message
+    fb = check(name, lambda A_cols: 2 * A_cols.T)
+    assert "rows of attention weights must sum to one" in fb.message
+
+
+def test_square_transpose_is_named():
+    ex = Exercise(
+        name="test.square",
+        prompt="",
+        solution=lambda M: M.tril(),
+        make_inputs=lambda gen, trial: (torch.randn(4, 4, generator=gen, dtype=torch.float64),),
+    )
+    assert "off by a transpose" in ex.check(lambda M: M.tril().T).message
+
+
+def test_solution_is_printed_without_decorator(capsys):
+    src = solution("notation.row_self_attention")
+    assert src.startswith("def row_self_attention(")
+    assert "@exercise" not in src and "math.sqrt" in src
+    assert capsys.readouterr().out.strip() == src.strip()
+
+
+def test_unknown_exercise_lists_known_ones():
+    with pytest.raises(KeyError, match=r"known exercises: .*notation\.row_self_attention"):
+        check("notation.nope", lambda: None)
+
+
+def test_feedback_reads_well():
+    fb = check(
+        "notation.row_self_attention", tc.exercises._get("notation.row_self_attention").solution
+    )
+    assert str(fb).startswith("✅ notation.row_self_attention: matches the reference")
+    assert math.isfinite(len(repr(fb)))
