@@ -49,3 +49,21 @@ def test_round_trip():
     X = torch.randn(2, 3, 4)
     assert torch.equal(columns_to_rows(rows_to_columns(X)), X)
     assert rows_to_columns(X).shape == (2, 4, 3)
+
+
+@pytest.mark.parametrize(("D", "H", "N"), [(4, 1, 3), (8, 2, 5), (12, 4, 6)])
+def test_turner_multi_head_equals_concat_form(D, H, N, gen):
+    """sum_h V_h X A_h == concat(heads) W_o, with V_h = (W_v^(h) W_o^(h))^T of rank <= D/H."""
+    from transformer_course.conventions import low_rank_V, turner_multi_head_self_attention
+    from transformer_course.multihead import multi_head_attention_reference
+
+    X = torch.randn(N, D, generator=gen, dtype=torch.float64)
+    W_q, W_k, W_v, W_o = (torch.randn(D, D, generator=gen, dtype=torch.float64) for _ in range(4))
+    K = D // H
+    U_q = torch.stack([W_q[:, h * K : (h + 1) * K].T for h in range(H)])  # (H, K, D)
+    U_k = torch.stack([W_k[:, h * K : (h + 1) * K].T for h in range(H)])
+    V = low_rank_V(W_v, W_o, H)
+    assert all(torch.linalg.matrix_rank(V[h]) <= K for h in range(H))
+    Y_cols = turner_multi_head_self_attention(X.T, U_q, U_k, V)
+    Y = multi_head_attention_reference(X, W_q, W_k, W_v, W_o, H)
+    torch.testing.assert_close(Y_cols.T, Y, atol=1e-10, rtol=0)

@@ -7,7 +7,18 @@ docstring names the chapter it serves.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import attention, conventions, exercises, plots, project, runtime, tokens
+from . import (
+    attention,
+    block,
+    conventions,
+    exercises,
+    multihead,
+    plots,
+    position,
+    project,
+    runtime,
+    tokens,
+)
 from .attention import (
     attention_weights,
     scaled_dot_product_attention,
@@ -26,10 +37,13 @@ __all__ = [
     "__version__",
     "attention",
     "attention_weights",
+    "block",
     "conventions",
     "default_device",
     "exercises",
+    "multihead",
     "plots",
+    "position",
     "project",
     "runtime",
     "scaled_dot_product_attention",

@@ -166,23 +166,25 @@ def scaled_dot_product_attention(
     V: Tensor,
     mask: Tensor | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> Tensor:
     r"""Efficient scaled dot-product attention, book eq. ``eq-sdpa``, via ``F.scaled_dot_product_attention``.
 
     Same arguments, result and errors as :func:`scaled_dot_product_attention_reference` (tested equal to
     1e-10 in float64 and 1e-5 in float32). PyTorch returns NaN for a query whose mask row is all
     ``False``; here such a row is unmasked for the fused kernel and its output is then set to zero, so
-    the documented behaviour (zeros, finite gradients) holds on every backend.
+    the documented behaviour (zeros, finite gradients) holds on every backend. ``dropout_p`` drops
+    attention weights during training (the reference has no dropout; compare with ``dropout_p=0``).
     """
     _check_qkv(Q, K, V, mask)
     s = _default_scale(Q, scale)
     if mask is None:
-        return F.scaled_dot_product_attention(Q, K, V, scale=s)
+        return F.scaled_dot_product_attention(Q, K, V, scale=s, dropout_p=dropout_p)
     if mask.dim() == 2 and Q.dim() > 2:
         mask = mask.expand(*Q.shape[:-2], *mask.shape)  # (..., N, M), explicit, never silent
     can_attend = mask.any(dim=-1, keepdim=True)  # (..., N, 1)
     safe_mask = mask | ~can_attend  # empty rows attend everywhere, then get zeroed below
-    Y = F.scaled_dot_product_attention(Q, K, V, attn_mask=safe_mask, scale=s)
+    Y = F.scaled_dot_product_attention(Q, K, V, attn_mask=safe_mask, scale=s, dropout_p=dropout_p)
     return Y * can_attend
 
 

@@ -17,7 +17,14 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["columns_to_rows", "rows_to_columns", "turner_attention", "turner_self_attention"]
+__all__ = [
+    "columns_to_rows",
+    "low_rank_V",
+    "rows_to_columns",
+    "turner_attention",
+    "turner_multi_head_self_attention",
+    "turner_self_attention",
+]
 
 
 def rows_to_columns(X: Tensor) -> Tensor:
@@ -96,3 +103,53 @@ def turner_self_attention(
     _check_U(X_cols, U_v=U_v)
     A_cols = turner_attention(X_cols, U_q, U_k, scale)  # (N, N), columns sum to one
     return U_v @ X_cols @ A_cols  # (D_v, N)
+
+
+def turner_multi_head_self_attention(
+    X_cols: Tensor, U_q: Tensor, U_k: Tensor, V: Tensor, scale: float | None = None
+) -> Tensor:
+    r"""Turner's multi-head self-attention, book eq. ``eq-mh-turner`` (Turner 2023, eq. 4-6).
+
+    .. math:: Y = \sum_{h=1}^{H} V_h\, X A_h,\qquad
+              [A_h]_{n',n} = \operatorname{softmax}_{n'}\big(\mathbf{k}_{h,n'}^\top \mathbf{q}_{h,n}\big)
+
+    Args:
+        X_cols: ``(D, N)``.
+        U_q, U_k: ``(H, K, D)``: one query and one key map per head.
+        V: ``(H, D, D)``: one output map per head (Turner's ``V_h``).
+        scale: default ``1/sqrt(K)`` (Turner absorbs it into ``U_q``).
+
+    Returns:
+        ``Y_cols`` of shape ``(D, N)``.
+    """
+    if U_q.dim() != 3 or U_k.shape != U_q.shape or V.dim() != 3 or V.shape[0] != U_q.shape[0]:
+        raise ValueError(
+            f"expected U_q, U_k of shape (H, K, D) and V of shape (H, D, D), got "
+            f"{tuple(U_q.shape)}, {tuple(U_k.shape)}, {tuple(V.shape)}"
+        )
+    return sum(
+        V[h] @ X_cols @ turner_attention(X_cols, U_q[h], U_k[h], scale) for h in range(U_q.shape[0])
+    )
+
+
+def low_rank_V(W_v: Tensor, W_o: Tensor, H: int) -> Tensor:
+    r"""Turner's ``V_h`` from the usual value and output maps (Turner fn. 13; Bishop exercise 5).
+
+    Head ``h`` of the concat form contributes :math:`A_h X W_v^{(h)} W_o^{(h)}` (rows), where
+    :math:`W_v^{(h)}` is ``D x K`` (columns ``h*K:(h+1)*K`` of ``W_v``) and :math:`W_o^{(h)}` is ``K x D``
+    (the same rows of ``W_o``). In Turner's column form that is :math:`V_h X A_h` with
+
+    .. math:: V_h = \big(W_v^{(h)} W_o^{(h)}\big)^\top = U_h U_{v,h},\qquad \operatorname{rank} V_h \le K.
+
+    Returns:
+        ``(H, D, D)``.
+    """
+    D = W_v.shape[0]
+    if W_v.shape != (D, D) or W_o.shape != (D, D) or D % H:
+        raise ValueError(
+            f"W_v {tuple(W_v.shape)} and W_o {tuple(W_o.shape)} must be (D, D) with D divisible by H={H}"
+        )
+    K = D // H
+    return torch.stack(
+        [(W_v[:, h * K : (h + 1) * K] @ W_o[h * K : (h + 1) * K, :]).T for h in range(H)]
+    )

@@ -1,0 +1,105 @@
+"""Attention benchmark: the course's multi-head attention vs torch.nn.MultiheadAttention, fwd+bwd.
+
+    python bench/attention.py                 # CPU (default)
+    python bench/attention.py --device cuda   # a GPU
+
+Times forward + backward of ``tc.multihead.MultiHeadAttention`` and ``torch.nn.MultiheadAttention``
+(``batch_first=True``, ``need_weights=False``, identical weights) at B=8, N=256, D=256, H=8, in one
+process, alternating the two, and reports the ratio of medians (course / torch; target <= 1.05 on CPU).
+Also reports the largest absolute difference between the reference and efficient single-head paths in
+float32 (target <= 1e-5) and between the multi-head reference (a loop over heads) and the module.
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from common import interleaved_medians, machine, report
+from torch import nn
+
+import transformer_course as tc
+from transformer_course.multihead import MultiHeadAttention, multi_head_attention_reference
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--B", type=int, default=8)
+    parser.add_argument("--N", type=int, default=256)
+    parser.add_argument("--D", type=int, default=256)
+    parser.add_argument("--H", type=int, default=8)
+    args = parser.parse_args()
+    device = tc.default_device(args.device)
+    B, N, D, H = args.B, args.N, args.D, args.H
+    tc.seed_everything(0)
+
+    ours = MultiHeadAttention(D, H).to(device)
+    theirs = nn.MultiheadAttention(D, H, batch_first=True).to(device)
+    ours.load_from_torch(theirs)
+    X = torch.randn(B, N, D, device=device, requires_grad=True)
+    grad = torch.randn(B, N, D, device=device)
+
+    def step_ours() -> None:
+        ours(X).backward(grad)
+
+    def step_torch() -> None:
+        theirs(X, X, X, need_weights=False)[0].backward(grad)
+
+    def step_torch_weights() -> None:  # torch's default returns the averaged weights too
+        theirs(X, X, X)[0].backward(grad)
+
+    med = interleaved_medians(
+        {"course": step_ours, "torch": step_torch, "torch_need_weights": step_torch_weights},
+        device,
+        args.repeats,
+    )
+    ratio = med["course"] / med["torch"]
+
+    with torch.no_grad():
+        Xs = X.detach()
+        W_q, W_k, W_v = (torch.randn(D, D // H, device=device) / D**0.5 for _ in range(3))
+        single_ref = tc.self_attention_reference(Xs, W_q, W_k, W_v)
+        single_eff = tc.self_attention(Xs, W_q, W_k, W_v)
+        err_single = (single_ref - single_eff).abs().max().item()
+        # the reference has no biases: compare with a bias-free copy of the module instead
+        plain = MultiHeadAttention(D, H, bias=False).to(device)
+        plain.in_proj.weight.copy_(ours.in_proj.weight)
+        plain.out_proj.weight.copy_(ours.out_proj.weight)
+        err_multi = (
+            (multi_head_attention_reference(Xs, **plain.weights, H=H) - plain(Xs))
+            .abs()
+            .max()
+            .item()
+        )
+
+    print(f"machine: {machine(device)}")
+    print(f"shape: B={B} N={N} D={D} H={H}, float32, forward+backward, {args.repeats} repeats")
+    print(f"course MultiHeadAttention      : {med['course'] * 1e3:8.2f} ms (median)")
+    print(f"torch nn.MultiheadAttention    : {med['torch'] * 1e3:8.2f} ms (need_weights=False)")
+    print(
+        f"torch, need_weights=True       : {med['torch_need_weights'] * 1e3:8.2f} ms (its default)"
+    )
+    print(f"ratio course / torch           : {ratio:.3f} (target <= 1.05)")
+    print(
+        f"max |reference - efficient|    : single head {err_single:.2e}, multi-head {err_multi:.2e}"
+    )
+    report(
+        {
+            "device": str(device),
+            "machine": machine(device),
+            "shape": {"B": B, "N": N, "D": D, "H": H},
+            "course_ms": round(med["course"] * 1e3, 3),
+            "torch_ms": round(med["torch"] * 1e3, 3),
+            "torch_need_weights_ms": round(med["torch_need_weights"] * 1e3, 3),
+            "mhsa_vs_torch_ratio": round(ratio, 4),
+            "reference_max_abs_err_fp32": err_single,
+            "multihead_reference_max_abs_err_fp32": err_multi,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

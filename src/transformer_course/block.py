@@ -1,0 +1,194 @@
+"""The transformer block: token-wise MLP, LayerNorm, residuals, post-norm and pre-norm blocks, a stack.
+
+Chapter: *The transformer block* (Turner 2023 sec. 2.2-2.3; Bishop & Bishop 2024 sec. 2.12-2.13 and
+Algorithm 3; Dramko 2025 sec. 4). Variants are small classes, not flags: :class:`PostNormBlock` is the
+original arrangement of Vaswani et al. (2017) and ``nn.TransformerEncoderLayer(norm_first=False)``;
+:class:`PreNormBlock` is the arrangement Xiong et al. (2020) analyse and GPT-2 uses
+(``norm_first=True``). Both load weights from ``torch.nn.TransformerEncoderLayer`` and are tested equal
+to it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .multihead import MultiHeadAttention
+
+__all__ = [
+    "MLP",
+    "LayerNorm",
+    "PostNormBlock",
+    "PreNormBlock",
+    "TransformerStack",
+    "layer_norm_reference",
+]
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+def _activation(name: str):
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}"
+        ) from None
+
+
+def layer_norm_reference(X: Tensor, gamma: Tensor, beta: Tensor, eps: float = 1e-5) -> Tensor:
+    r"""LayerNorm of every token, book eq. ``eq-block-layernorm`` (Ba et al. 2016; Turner's "TokenNorm").
+
+    .. math:: \mu_n = \frac1D\sum_d X_{nd},\quad \sigma^2_n = \frac1D\sum_d (X_{nd}-\mu_n)^2,\quad
+              \mathrm{LN}(X)_{nd} = \gamma_d\,\frac{X_{nd}-\mu_n}{\sqrt{\sigma_n^2+\epsilon}} + \beta_d
+
+    The variance is the biased one (divide by ``D``) and ``eps`` sits inside the square root, as in
+    ``torch.nn.LayerNorm``. (Dramko 2025 divides by ``sigma + eps`` instead, a small numerical
+    difference the book measures.)
+
+    Args:
+        X: ``(..., D)``; gamma, beta: ``(D,)``.
+    """
+    if gamma.shape != (X.shape[-1],) or beta.shape != (X.shape[-1],):
+        raise ValueError(
+            f"gamma {tuple(gamma.shape)} and beta {tuple(beta.shape)} must both be (D,) = "
+            f"({X.shape[-1]},) for X of shape {tuple(X.shape)}"
+        )
+    mu = X.mean(dim=-1, keepdim=True)  # (..., 1)
+    var = ((X - mu) ** 2).mean(dim=-1, keepdim=True)  # (..., 1), biased
+    return gamma * (X - mu) / torch.sqrt(var + eps) + beta
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm from scratch (book eq. ``eq-block-layernorm``); tested equal to ``nn.LayerNorm``."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))  # gamma
+        self.bias = nn.Parameter(torch.zeros(d_model))  # beta
+
+    def forward(self, X: Tensor) -> Tensor:
+        if X.shape[-1] != self.weight.shape[0]:
+            raise ValueError(
+                f"LayerNorm({self.weight.shape[0]}) got tokens of width {X.shape[-1]} "
+                f"(X {tuple(X.shape)})"
+            )
+        return layer_norm_reference(X, self.weight, self.bias, self.eps)
+
+
+class MLP(nn.Module):
+    r"""The token-wise MLP, book eq. ``eq-block-mlp``: the same two-layer network for every token.
+
+    .. math:: \mathrm{MLP}(X) = \phi(X W_1 + \mathbf{b}_1)\, W_2 + \mathbf{b}_2,\qquad
+              W_1 \in \mathbb{R}^{D\times d_\text{ff}},\ W_2 \in \mathbb{R}^{d_\text{ff}\times D}
+
+    (Turner 2023 sec. 2.2; Bishop & Bishop 2024 sec. 2.12.2.) ``nn.Linear`` stores ``W^T``.
+    """
+
+    def __init__(
+        self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.act = _activation(activation)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, X: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(X))))  # (..., N, D) -> (..., N, D)
+
+
+class _Block(nn.Module):
+    """Parts shared by both arrangements; subclasses define only ``forward``."""
+
+    def __init__(
+        self,
+        d_model: int,
+        H: int,
+        d_ff: int | None = None,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.attn = MultiHeadAttention(d_model, H, dropout=dropout)
+        self.mlp = MLP(d_model, d_ff or 4 * d_model, activation, dropout)
+        self.norm1 = LayerNorm(d_model, eps)
+        self.norm2 = LayerNorm(d_model, eps)
+        self.drop1 = nn.Dropout(dropout)
+        self.drop2 = nn.Dropout(dropout)
+
+    def load_from_torch(self, layer: nn.TransformerEncoderLayer) -> _Block:
+        """Copy the weights of a ``torch.nn.TransformerEncoderLayer`` with the same sizes."""
+        self.attn.load_from_torch(layer.self_attn)
+        pairs = [
+            (self.mlp.fc1, layer.linear1),
+            (self.mlp.fc2, layer.linear2),
+            (self.norm1, layer.norm1),
+            (self.norm2, layer.norm2),
+        ]
+        with torch.no_grad():
+            for ours, theirs in pairs:
+                if ours.weight.shape != theirs.weight.shape:
+                    raise ValueError(
+                        f"shape mismatch copying {type(theirs).__name__}: "
+                        f"{tuple(theirs.weight.shape)} into {tuple(ours.weight.shape)}"
+                    )
+                ours.weight.copy_(theirs.weight)
+                ours.bias.copy_(theirs.bias)
+        return self
+
+
+class PostNormBlock(_Block):
+    r"""Post-norm block, book eq. ``eq-block-postnorm`` (Vaswani et al. 2017; Bishop eq. 20-21):
+
+    .. math:: Z = \mathrm{LN}\big(X + \mathrm{MHSA}(X)\big),\qquad
+              Y = \mathrm{LN}\big(Z + \mathrm{MLP}(Z)\big)
+
+    Equals ``nn.TransformerEncoderLayer(norm_first=False, batch_first=True)`` with copied weights.
+    """
+
+    def forward(self, X: Tensor, mask: Tensor | None = None) -> Tensor:
+        Z = self.norm1(X + self.drop1(self.attn(X, mask=mask)))  # (B, N, D)
+        return self.norm2(Z + self.drop2(self.mlp(Z)))  # (B, N, D)
+
+
+class PreNormBlock(_Block):
+    r"""Pre-norm block, book eq. ``eq-block-prenorm`` (Xiong et al. 2020; Bishop eq. 22-23):
+
+    .. math:: Z = X + \mathrm{MHSA}\big(\mathrm{LN}(X)\big),\qquad
+              Y = Z + \mathrm{MLP}\big(\mathrm{LN}(Z)\big)
+
+    Equals ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)`` with copied weights.
+    """
+
+    def forward(self, X: Tensor, mask: Tensor | None = None) -> Tensor:
+        Z = X + self.drop1(self.attn(self.norm1(X), mask=mask))  # (B, N, D)
+        return Z + self.drop2(self.mlp(self.norm2(Z)))  # (B, N, D)
+
+
+class TransformerStack(nn.Module):
+    r"""``M`` blocks applied in turn, :math:`X^{(m)} = \mathrm{block}_m(X^{(m-1)})` (Turner eq. in sec. 2).
+
+    Pre-norm stacks end with a final LayerNorm (the residual stream is never normalised otherwise), as
+    in GPT-2 and ``nn.TransformerEncoder(norm=LayerNorm)``; post-norm stacks need none.
+
+    Args:
+        block: ``PreNormBlock`` or ``PostNormBlock`` (the class).
+        n_layers: ``M``; the other keyword arguments go to each block.
+    """
+
+    def __init__(self, block: type[_Block], n_layers: int, d_model: int, H: int, **kwargs) -> None:
+        super().__init__()
+        if n_layers < 1:
+            raise ValueError(f"a stack needs at least one block, got n_layers={n_layers}")
+        self.blocks = nn.ModuleList(block(d_model, H, **kwargs) for _ in range(n_layers))
+        eps = kwargs.get("eps", 1e-5)
+        self.final_norm = LayerNorm(d_model, eps) if block is PreNormBlock else nn.Identity()
+
+    def forward(self, X: Tensor, mask: Tensor | None = None) -> Tensor:
+        for block in self.blocks:
+            X = block(X, mask=mask)
+        return self.final_norm(X)

@@ -1,0 +1,94 @@
+"""Position: sinusoidal encodings, learned position embeddings, and the relative-shift matrix.
+
+Chapter: *Position* (Turner 2023 sec. 3 and footnote 19; Bishop & Bishop 2024 sec. 2.14 and exercises
+7-10; MIT 6.390 sec. 9.5.1). Rows are positions: an encoding ``R`` is ``(N, D)`` and row ``n`` is added
+to (or concatenated with) token ``n``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["LearnedPositionalEmbedding", "relative_shift_matrix", "sinusoidal_encoding"]
+
+
+def _frequencies(D: int, L: float, device=None, dtype=None) -> Tensor:
+    k = torch.arange((D + 1) // 2, device=device, dtype=dtype or torch.float32)
+    return L ** (-2.0 * k / D)  # (ceil(D/2),): omega_k = L^(-2k/D)
+
+
+def sinusoidal_encoding(
+    N: int, D: int, L: float = 10_000.0, device: torch.device | str | None = None, dtype=None
+) -> Tensor:
+    r"""Sinusoidal position encoding, book eq. ``eq-pos-sinusoid`` (Vaswani et al. 2017; Bishop eq. 25).
+
+    .. math:: R_{n,2k} = \sin(\omega_k n),\qquad R_{n,2k+1} = \cos(\omega_k n),\qquad
+              \omega_k = L^{-2k/D}
+
+    Bishop writes :math:`\sin(n / L^{i/D})` for even ``i`` and :math:`\cos(n/L^{(i-1)/D})` for odd ``i``:
+    the same numbers once ``i = 2k``. Vaswani et al. use ``L = 10000``; Bishop's figure 10 uses ``L = 30``.
+    Positions ``n`` run from 0. For odd ``D`` the last column is a sine.
+
+    Returns:
+        ``R`` of shape ``(N, D)``.
+    """
+    if N < 0 or D < 1:
+        raise ValueError(f"need N >= 0 positions and D >= 1 features, got N={N}, D={D}")
+    if L <= 1:
+        raise ValueError(f"the length scale L must be > 1 (Vaswani: 10000), got {L}")
+    n = torch.arange(N, device=device, dtype=dtype or torch.float32)[:, None]  # (N, 1)
+    angles = n * _frequencies(D, L, device, dtype)  # (N, ceil(D/2))
+    R = torch.empty(N, D, device=device, dtype=dtype or torch.float32)
+    R[:, 0::2] = torch.sin(angles)
+    R[:, 1::2] = torch.cos(angles[:, : D // 2])
+    return R
+
+
+def relative_shift_matrix(
+    k: int, D: int, L: float = 10_000.0, device: torch.device | str | None = None, dtype=None
+) -> Tensor:
+    r"""The matrix :math:`M_k` with :math:`\mathbf{r}_{n+k} = M_k \mathbf{r}_n` for every ``n``, book eq.
+    ``eq-pos-shift`` (Bishop exercise 10).
+
+    :math:`M_k` is block diagonal with one 2x2 rotation per frequency,
+
+    .. math:: \begin{bmatrix}\sin\omega(n+k)\\ \cos\omega(n+k)\end{bmatrix} =
+              \begin{bmatrix}\cos\omega k & \sin\omega k\\ -\sin\omega k & \cos\omega k\end{bmatrix}
+              \begin{bmatrix}\sin\omega n\\ \cos\omega n\end{bmatrix},
+
+    so it depends on the offset ``k`` but not on ``n``. In the row form, ``R[n + k] = R[n] @ M_k.T``.
+    ``D`` must be even: a lone sine column has no partner to rotate with.
+    """
+    if D % 2:
+        raise ValueError(f"the shift matrix needs an even D (sine/cosine pairs), got D={D}")
+    omega = _frequencies(D, L, device, dtype or torch.float64)  # (D/2,)
+    c, s = torch.cos(omega * k), torch.sin(omega * k)
+    M = torch.zeros(D, D, device=device, dtype=dtype or torch.float64)
+    idx = torch.arange(0, D, 2, device=device)
+    M[idx, idx], M[idx, idx + 1] = c, s
+    M[idx + 1, idx], M[idx + 1, idx + 1] = -s, c
+    return M
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """A learned vector per position, ``R = E[0:N]`` (Bishop sec. 2.14.4; GPT, BERT, ViT).
+
+    ``forward(X)`` adds row ``n`` of the table to token ``n`` of ``X`` ``(B, N, D)``. Sequences longer
+    than ``max_len`` raise ``ValueError``: a learned table has no row for an unseen position.
+    """
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.table = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    def forward(self, X: Tensor) -> Tensor:
+        N = X.shape[-2]
+        if N > self.max_len:
+            raise ValueError(
+                f"a sequence of N={N} tokens is longer than the {self.max_len} learned positions; "
+                "crop it or build the model with a longer context"
+            )
+        return X + self.table(torch.arange(N, device=X.device))  # (B, N, D) + (N, D)
