@@ -167,17 +167,28 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    causal: bool = False,
 ) -> Tensor:
     r"""Efficient scaled dot-product attention, book eq. ``eq-sdpa``, via ``F.scaled_dot_product_attention``.
 
     Same arguments, result and errors as :func:`scaled_dot_product_attention_reference` (tested equal to
-    1e-10 in float64 and 1e-5 in float32). PyTorch returns NaN for a query whose mask row is all
-    ``False``; here such a row is unmasked for the fused kernel and its output is then set to zero, so
-    the documented behaviour (zeros, finite gradients) holds on every backend. ``dropout_p`` drops
+    1e-10 in float64 and 1e-5 in float32). For a query whose mask row is all ``False``, PyTorch before
+    2.5 returned NaN and newer versions return zeros on some backends; here such a row is unmasked for
+    the fused kernel and its output is then set to zero, so the documented behaviour (zeros, finite
+    gradients) holds on every version and backend. ``dropout_p`` drops
     attention weights during training (the reference has no dropout; compare with ``dropout_p=0``).
+    ``causal=True`` (with ``mask=None`` and ``N == M``) applies :func:`causal_mask` through PyTorch's
+    ``is_causal`` fast path.
     """
     _check_qkv(Q, K, V, mask)
     s = _default_scale(Q, scale)
+    if causal:
+        if mask is not None or Q.shape[-2] != K.shape[-2]:
+            raise ValueError(
+                "causal=True needs mask=None and as many queries as keys "
+                f"(got N={Q.shape[-2]}, M={K.shape[-2]}); pass mask=causal_mask(N, M) instead"
+            )
+        return F.scaled_dot_product_attention(Q, K, V, is_causal=True, scale=s, dropout_p=dropout_p)
     if mask is None:
         return F.scaled_dot_product_attention(Q, K, V, scale=s, dropout_p=dropout_p)
     if mask.dim() == 2 and Q.dim() > 2:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .multihead import MultiHeadAttention
+from .multihead import KVCache, MultiHeadAttention
 
 __all__ = [
     "MLP",
@@ -150,8 +150,14 @@ class PostNormBlock(_Block):
     Equals ``nn.TransformerEncoderLayer(norm_first=False, batch_first=True)`` with copied weights.
     """
 
-    def forward(self, X: Tensor, mask: Tensor | None = None) -> Tensor:
-        Z = self.norm1(X + self.drop1(self.attn(X, mask=mask)))  # (B, N, D)
+    def forward(
+        self,
+        X: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        Z = self.norm1(X + self.drop1(self.attn(X, mask=mask, causal=causal, cache=cache)))
         return self.norm2(Z + self.drop2(self.mlp(Z)))  # (B, N, D)
 
 
@@ -164,8 +170,14 @@ class PreNormBlock(_Block):
     Equals ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)`` with copied weights.
     """
 
-    def forward(self, X: Tensor, mask: Tensor | None = None) -> Tensor:
-        Z = X + self.drop1(self.attn(self.norm1(X), mask=mask))  # (B, N, D)
+    def forward(
+        self,
+        X: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        Z = X + self.drop1(self.attn(self.norm1(X), mask=mask, causal=causal, cache=cache))
         return Z + self.drop2(self.mlp(self.norm2(Z)))  # (B, N, D)
 
 
@@ -188,7 +200,17 @@ class TransformerStack(nn.Module):
         eps = kwargs.get("eps", 1e-5)
         self.final_norm = LayerNorm(d_model, eps) if block is PreNormBlock else nn.Identity()
 
-    def forward(self, X: Tensor, mask: Tensor | None = None) -> Tensor:
-        for block in self.blocks:
-            X = block(X, mask=mask)
+    def forward(
+        self,
+        X: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        caches: list[KVCache] | None = None,
+    ) -> Tensor:
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(
+                f"{len(caches)} caches for {len(self.blocks)} blocks; pass one per block"
+            )
+        for m, block in enumerate(self.blocks):
+            X = block(X, mask=mask, causal=causal, cache=None if caches is None else caches[m])
         return self.final_norm(X)

@@ -11,13 +11,21 @@ from ``Z`` (``M`` tokens), which defaults to ``X`` for self-attention.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import _shape, scaled_dot_product_attention, scaled_dot_product_attention_reference
+from .attention import (
+    _shape,
+    causal_mask,
+    scaled_dot_product_attention,
+    scaled_dot_product_attention_reference,
+)
 
 __all__ = [
+    "KVCache",
     "MultiHeadAttention",
     "merge_heads",
     "multi_head_attention_reference",
@@ -107,6 +115,31 @@ def multi_head_attention_reference(
     return torch.cat(heads, dim=-1) @ W_o  # (..., N, H*d_k) @ (D, D) -> (..., N, D)
 
 
+@dataclass
+class KVCache:
+    r"""Keys and values already computed for one attention layer, each ``(B, H, t, d_k)`` (Dramko 5.3).
+
+    Self-attention appends the new tokens' keys and values at every step,
+    :math:`K_{1:t} = [K_{1:t-1}; K_t]`. A ``static`` cache (cross-attention) is filled once from the
+    encoder's output and then only read.
+    """
+
+    K: Tensor | None = None
+    V: Tensor | None = None
+    static: bool = False
+
+    def __len__(self) -> int:
+        return 0 if self.K is None else self.K.shape[-2]
+
+    def append(self, K_new: Tensor, V_new: Tensor) -> tuple[Tensor, Tensor]:
+        if self.K is None:
+            self.K, self.V = K_new, V_new
+        else:
+            self.K = torch.cat([self.K, K_new], dim=-2)  # (B, H, t, d_k)
+            self.V = torch.cat([self.V, V_new], dim=-2)
+        return self.K, self.V
+
+
 class MultiHeadAttention(nn.Module):
     r"""Efficient multi-head attention, book eq. ``eq-mh-concat``; self- or cross-attention.
 
@@ -125,6 +158,9 @@ class MultiHeadAttention(nn.Module):
 
     Shapes:
         ``forward(X (B, N, D), Z (B, M, D) | None, mask (N, M) | (B, N, M) | None) -> (B, N, D)``.
+        ``causal=True`` masks the future (self-attention only). With a :class:`KVCache`, ``X`` holds
+        only the new tokens; their keys and values are appended to the cache and the queries attend to
+        every cached position up to their own (a static cache is reused as cross-attention memory).
     """
 
     def __init__(self, d_model: int, H: int, bias: bool = True, dropout: float = 0.0) -> None:
@@ -134,7 +170,14 @@ class MultiHeadAttention(nn.Module):
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def forward(self, X: Tensor, Z: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        X: Tensor,
+        Z: Tensor | None = None,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+    ) -> Tensor:
         if X.dim() != 3 or X.shape[-1] != self.d_model:
             raise ValueError(
                 f"X has shape {_shape(X)} but MultiHeadAttention(d_model={self.d_model}) expects "
@@ -142,7 +185,10 @@ class MultiHeadAttention(nn.Module):
             )
         D, H = self.d_model, self.H
         W, b = self.in_proj.weight, self.in_proj.bias
-        if Z is None:
+        if cache is not None and cache.static and len(cache):
+            Q = F.linear(X, W[:D], None if b is None else b[:D])  # memory K, V already cached
+            K, V = cache.K, cache.V
+        elif Z is None:
             Q, K, V = F.linear(X, W, b).split(D, dim=-1)  # one matmul: (B, N, D) each
         else:
             if Z.dim() != 3 or Z.shape[0] != X.shape[0] or Z.shape[-1] != D:
@@ -152,13 +198,25 @@ class MultiHeadAttention(nn.Module):
                 )
             Q = F.linear(X, W[:D], None if b is None else b[:D])  # (B, N, D)
             K, V = F.linear(Z, W[D:], None if b is None else b[D:]).split(D, dim=-1)  # (B, M, D)
-        B, N, M = X.shape[0], X.shape[1], K.shape[1]
+        Q = split_heads(Q, H)  # (B, H, N, d_k)
+        if not (cache is not None and cache.static and len(cache)):
+            K, V = split_heads(K, H), split_heads(V, H)  # (B, H, M, d_k)
+            if cache is not None:
+                K, V = cache.append(K, V)  # (B, H, t + N, d_k)
+        B, N, M = X.shape[0], X.shape[1], K.shape[-2]
         _check_mask_for_heads(mask, (B,), N, M)
-        if mask is not None and mask.dim() == 3:
-            mask = mask[:, None].expand(B, H, N, M)  # the same mask for every head
-        Q, K, V = split_heads(Q, H), split_heads(K, H), split_heads(V, H)  # (B, H, N|M, d_k)
         p = self.dropout if self.training else 0.0
-        Y = scaled_dot_product_attention(Q, K, V, mask, dropout_p=p)  # (B, H, N, d_k)
+        if causal and mask is None and N == M:
+            Y = scaled_dot_product_attention(Q, K, V, causal=True, dropout_p=p)  # fused path
+        else:
+            if causal:
+                if Z is not None:
+                    raise ValueError("causal=True is for self-attention; do not pass Z with it")
+                future = causal_mask(N, M, device=X.device)  # queries are the last N positions
+                mask = future if mask is None else mask & future
+            if mask is not None and mask.dim() == 3:
+                mask = mask[:, None].expand(B, H, N, M)  # the same mask for every head
+            Y = scaled_dot_product_attention(Q, K, V, mask, dropout_p=p)  # (B, H, N, d_k)
         return self.out_proj(merge_heads(Y))  # (B, N, D)
 
     @property

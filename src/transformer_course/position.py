@@ -84,11 +84,13 @@ class LearnedPositionalEmbedding(nn.Module):
         self.table = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.table.weight, std=0.02)
 
-    def forward(self, X: Tensor) -> Tensor:
+    def forward(self, X: Tensor, start: int = 0) -> Tensor:
+        """Add the embeddings of positions ``start .. start + N - 1`` (``start > 0`` with a KV cache)."""
         N = X.shape[-2]
-        if N > self.max_len:
+        if start + N > self.max_len:
             raise ValueError(
-                f"a sequence of N={N} tokens is longer than the {self.max_len} learned positions; "
-                "crop it or build the model with a longer context"
+                f"positions {start}..{start + N - 1} go beyond the {self.max_len} learned positions; "
+                "crop the sequence to the context or build the model with a longer context"
             )
-        return X + self.table(torch.arange(N, device=X.device))  # (B, N, D) + (N, D)
+        positions = torch.arange(start, start + N, device=X.device)
+        return X + self.table(positions)  # (B, N, D) + (N, D)

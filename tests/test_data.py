@@ -1,0 +1,68 @@
+"""The corpus: env override, cache, checksum, offline errors; token windows for teacher forcing."""
+
+from __future__ import annotations
+
+import pathlib
+import urllib.request
+
+import pytest
+import torch
+
+from transformer_course import data
+
+SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def test_env_override_missing_file_says_where(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRANSFORMER_COURSE_DATA", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"does not exist; put the corpus there"):
+        data.tinyshakespeare_path()
+
+
+def test_wrong_file_is_rejected(monkeypatch, tmp_path):
+    (tmp_path / "tinyshakespeare").mkdir()
+    (tmp_path / "tinyshakespeare" / "input.txt").write_text("not shakespeare")
+    monkeypatch.setenv("TRANSFORMER_COURSE_DATA", str(tmp_path))
+    with pytest.raises(ValueError, match="is not the tiny-shakespeare corpus"):
+        data.tinyshakespeare_path()
+
+
+def test_offline_without_a_copy_explains(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRANSFORMER_COURSE_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+    def offline(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(
+        FileNotFoundError, match=r"Offline\? Copy the file to .*TRANSFORMER_COURSE_DATA"
+    ):
+        data.tinyshakespeare_path()
+
+
+@pytest.mark.skipif(
+    not (SHARED / "tinyshakespeare" / "input.txt").exists(), reason="no shared corpus"
+)
+def test_shared_corpus_is_the_real_one(monkeypatch):
+    monkeypatch.setenv("TRANSFORMER_COURSE_DATA", str(SHARED))
+    text = data.tinyshakespeare_text()
+    assert len(text) == 1_115_394
+    assert len(set(text)) == 65
+
+
+def test_batches_are_shifted_windows():
+    ids = torch.arange(100)
+    x, y = data.get_batch(ids, 8, 4, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 8)
+    assert torch.equal(y[:, :-1], x[:, 1:])
+    assert torch.equal(y[:, -1], x[:, -1] + 1)
+    with pytest.raises(ValueError, match="too short"):
+        data.get_batch(torch.arange(5), 8, 2)
+
+
+def test_split():
+    tr, va = data.train_val_split(torch.arange(10))
+    assert tr.tolist() == list(range(9)) and va.tolist() == [9]
+    with pytest.raises(ValueError, match="1-D"):
+        data.train_val_split(torch.zeros(2, 2))

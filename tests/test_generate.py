@@ -1,0 +1,96 @@
+"""Generation: the cached path reproduces the uncached one; sampling; prompts; a short training run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_course.data import get_batch
+from transformer_course.generate import generate, generate_text, next_token, window_start
+from transformer_course.models import GPT, TINY
+from transformer_course.tokens import CharTokenizer
+from transformer_course.train import TrainConfig, lr_at, train
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return GPT(TINY).eval()
+
+
+@pytest.mark.parametrize("prompt_len", [1, 5, 40])
+def test_cached_equals_uncached_beyond_the_context(model, prompt_len):
+    idx = torch.randint(0, 65, (2, prompt_len), generator=torch.Generator().manual_seed(1))
+    a, la = generate(model, idx, 70, greedy=True, use_cache=True, return_logits=True)
+    b, lb = generate(model, idx, 70, greedy=True, use_cache=False, return_logits=True)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(la, lb, atol=1e-4, rtol=0)
+    assert a.shape == (2, prompt_len + 70)
+
+
+def test_sampling_with_the_same_seed_is_reproducible_and_cache_independent(model):
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    runs = [
+        generate(
+            model,
+            idx,
+            40,
+            temperature=0.8,
+            top_k=5,
+            use_cache=c,
+            generator=torch.Generator().manual_seed(7),
+        )
+        for c in (True, False, True)
+    ]
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+def test_window_policy():
+    assert [window_start(T, 8) for T in (1, 8, 9, 12, 13, 16, 17)] == [0, 0, 4, 4, 8, 8, 12]
+    for T in range(1, 60):
+        assert 0 < T - window_start(T, 8) <= 8
+
+
+def test_next_token_rules():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    assert next_token(logits, greedy=True).item() == 1
+    g = torch.Generator().manual_seed(0)
+    draws = {next_token(logits, top_k=2, generator=g).item() for _ in range(200)}
+    assert draws == {1, 3}  # only the two largest logits survive top-k
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        next_token(logits, temperature=0.0)
+
+
+def test_prompts_with_unknown_characters_are_listed(model):
+    tok = CharTokenizer.from_text("abcdefgh ")
+    with pytest.raises(ValueError, match=r"'z', 'Q'"):
+        generate_text(model, tok, "abz Q", 5)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        generate_text(model, tok, "", 5)
+
+
+def test_a_few_training_steps_reduce_the_loss():
+    torch.manual_seed(0)
+    text = "to be or not to be, that is the question. " * 40
+    tok = CharTokenizer.from_text(text)
+    ids = torch.tensor(tok.encode(text))
+    model = GPT(TINY.__class__(**{**TINY.__dict__, "vocab_size": tok.vocab_size}))
+    val = get_batch(ids, 32, 16, torch.Generator().manual_seed(99))
+
+    def loss_fn(m, batch):
+        return m(*batch)[1]
+
+    before = loss_fn(model.eval(), val).item()
+    cfg = TrainConfig(max_steps=60, lr=3e-3, warmup_steps=10, eval_interval=30)
+    hist = train(
+        model, lambda g: get_batch(ids, 32, 16, g), loss_fn, cfg, lambda m: loss_fn(m, val), False
+    )
+    assert hist.steps_done == 60 and len(hist.eval_loss) == 2
+    assert hist.eval_loss[-1] < before - 1.0, (before, hist.eval_loss)
+
+
+def test_schedule():
+    cfg = TrainConfig(max_steps=100, lr=1.0, min_lr=0.1, warmup_steps=10)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(10, cfg) == pytest.approx(1.0) and lr_at(99, cfg) == pytest.approx(0.1, abs=1e-3)
+    assert all(lr_at(t, cfg) >= lr_at(t + 1, cfg) for t in range(10, 99))
