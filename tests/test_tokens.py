@@ -250,3 +250,154 @@ def test_patch_embedding_without_bias_and_wrong_channels():
     assert emb(torch.zeros(1, 1, 4, 4)).abs().sum() == 0  # linear, no bias: zero in, zero out
     with pytest.raises(ValueError, match=r"C=3 channels but this PatchEmbedding .* channels=1"):
         emb(torch.zeros(1, 3, 4, 4))
+
+
+# ------------------------------------------------------------------------------------------------
+# One BPE step: pair counts and a merge
+# ------------------------------------------------------------------------------------------------
+
+
+def test_pair_counts_by_hand():
+    from transformer_course.tokens import pair_counts
+
+    assert pair_counts([1, 1, 1]) == {(1, 1): 2}  # overlapping positions both count
+    assert pair_counts(torch.tensor([5, 6, 5, 6])) == {(5, 6): 2, (6, 5): 1}
+    assert pair_counts([7]) == {} and pair_counts([]) == {}
+
+
+def test_merge_pair_by_hand_and_errors():
+    from transformer_course.tokens import merge_pair
+
+    assert merge_pair([1, 1, 1], (1, 1), 9) == [9, 1]  # left to right, no overlap
+    assert merge_pair([1, 2, 3, 1, 2], (1, 2), 9) == [9, 3, 9]
+    assert merge_pair(torch.tensor([2, 1]), (1, 2), 9) == [2, 1]  # order inside a pair matters
+    with pytest.raises(ValueError, match="pair must be two ids"):
+        merge_pair([1, 2], (1, 2, 3), 9)
+    with pytest.raises(ValueError, match=r"new_id=2 already occurs in ids"):
+        merge_pair([1, 2], (1, 2), 2)
+
+
+def test_first_bpe_merge_is_the_most_frequent_pair():
+    from transformer_course.tokens import merge_pair, pair_counts
+
+    text = "abab cab abba"
+    tok = BPETokenizer.train(text, vocab_size=257)
+    counts: dict[tuple[int, int], int] = {}
+    for piece in re.findall(r" ?\w+| ?[^\w\s]+|\s+", text):  # pairs never cross a piece
+        for pair, c in pair_counts(list(piece.encode())).items():
+            counts[pair] = counts.get(pair, 0) + c
+    best = min(counts, key=lambda p: (-counts[p], p))
+    assert tok.merges == [best] == [(ord("a"), ord("b"))]
+    ids = list(b"abab")
+    assert tok.encode("abab") == merge_pair(ids, best, 256) == [256, 256]
+
+
+# ------------------------------------------------------------------------------------------------
+# Embeddings
+# ------------------------------------------------------------------------------------------------
+
+
+def test_embedding_by_hand():
+    from transformer_course.tokens import embedding, embedding_reference
+
+    E = torch.tensor([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]])
+    ids = torch.tensor([2, 0, 2])
+    expected = torch.tensor([[4.0, 5.0], [0.0, 1.0], [4.0, 5.0]])
+    assert torch.equal(embedding(ids, E), expected)
+    assert torch.equal(embedding_reference(ids, E), expected)
+
+
+def test_embedding_matches_one_hot_and_nn_embedding(gen):
+    from transformer_course.tokens import embedding, embedding_reference
+
+    V, D = 11, 4
+    E = torch.randn(V, D, generator=gen, dtype=torch.float64)
+    ids = torch.randint(0, V, (3, 7), generator=gen)  # any batch shape
+    X = embedding(ids, E)
+    assert X.shape == (3, 7, D) and X.dtype == torch.float64
+    torch.testing.assert_close(embedding_reference(ids, E), X, rtol=0, atol=1e-12)
+    layer = torch.nn.Embedding(V, D, dtype=torch.float64)
+    with torch.no_grad():
+        layer.weight.copy_(E)  # nn.Embedding stores E as (V, D): no transpose
+    torch.testing.assert_close(layer(ids), X, rtol=0, atol=0)
+    assert torch.equal(embedding(ids.to(torch.int32), E), X)  # int32 ids work too
+
+
+def test_embedding_errors():
+    from transformer_course.tokens import embedding, embedding_reference
+
+    E = torch.zeros(5, 2)
+    for fn in (embedding, embedding_reference):
+        with pytest.raises(ValueError, match=r"token id 5 is outside the vocabulary: E has V=5"):
+            fn(torch.tensor([0, 5]), E)
+        with pytest.raises(ValueError, match=r"token id -1 is outside"):
+            fn(torch.tensor([-1]), E)
+        with pytest.raises(TypeError, match=r"integer token ids, got dtype torch.float32"):
+            fn(torch.tensor([1.0]), E)
+        with pytest.raises(TypeError, match=r"torch.tensor\(ids\)"):
+            fn([1, 2], E)
+        with pytest.raises(ValueError, match=r"must be 2-D, \(V, D\)"):
+            fn(torch.tensor([1]), torch.zeros(5))
+
+
+def test_pretokenize_pieces_join_back_and_errors():
+    from transformer_course.tokens import pretokenize
+
+    text = "Speak, speak.\n\nFirst Citizen:  You are"
+    pieces = pretokenize(text)
+    assert "".join(pieces) == text
+    assert pieces == [
+        "Speak",
+        ",",
+        " speak",
+        ".",
+        "\n\n",
+        "First",
+        " Citizen",
+        ":",
+        "  ",
+        "You",
+        " are",
+    ]  # a word keeps one leading space; longer runs of whitespace are pieces of their own
+    with pytest.raises(TypeError, match="text must be a str"):
+        pretokenize(b"bytes")
+
+
+# ------------------------------------------------------------------------------------------------
+# Windows of a time series (1-D patches)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_patchify_1d_by_hand():
+    from transformer_course.tokens import patchify_1d
+
+    series = torch.arange(12.0).reshape(1, 2, 6)  # channel 0: 0..5, channel 1: 6..11
+    assert patchify_1d(series, 3)[0].tolist() == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+
+
+def test_patchify_1d_equals_strided_conv1d(gen):
+    from transformer_course.tokens import patchify_1d
+
+    B, C, T, L, D = 2, 3, 20, 4, 5
+    series = torch.randn(B, C, T, generator=gen, dtype=torch.float64)
+    S = patchify_1d(series, L)
+    assert S.shape == (B, T // L, C * L)
+    for n in range(T // L):
+        assert torch.equal(S[:, n], series[:, :, n * L : (n + 1) * L].reshape(B, C * L))
+    linear = torch.nn.Linear(C * L, D, dtype=torch.float64)
+    conv = torch.nn.Conv1d(C, D, kernel_size=L, stride=L, dtype=torch.float64)
+    with torch.no_grad():
+        conv.weight.copy_(linear.weight.reshape(D, C, L))  # (C, L) order inside a window
+        conv.bias.copy_(linear.bias)
+    torch.testing.assert_close(linear(S), conv(series).transpose(1, 2), rtol=0, atol=1e-12)
+
+
+def test_patchify_1d_errors():
+    from transformer_course.tokens import patchify_1d
+
+    with pytest.raises(ValueError, match=r"T=10 is not divisible by window=4"):
+        patchify_1d(torch.zeros(1, 2, 10), 4)
+    with pytest.raises(ValueError, match=r"unsqueeze\(0\)"):
+        patchify_1d(torch.zeros(2, 10), 5)
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        patchify_1d(torch.zeros(1, 2, 10), 0)

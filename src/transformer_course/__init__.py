@@ -16,6 +16,7 @@ from . import (
     plots,
     position,
     project,
+    relations,
     runtime,
     tokens,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "plots",
     "position",
     "project",
+    "relations",
     "runtime",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_reference",

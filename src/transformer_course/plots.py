@@ -34,7 +34,8 @@ def attention_heatmap(
         ax: axes to draw into; a new figure is made when ``None``.
         title: axes title.
         annotate: write each weight in its cell; default when the matrix is at most 12 x 12.
-        vmax: upper end of the colour scale (``None``: the largest weight).
+        vmax: upper end of the colour scale (``None``: the largest weight). When ``A`` has negative
+            entries (a general filter, not attention weights) a diverging scale centred on 0 is used.
 
     Returns:
         The figure that holds the axes.
@@ -54,7 +55,11 @@ def attention_heatmap(
         fig, ax = plt.subplots(figsize=(0.5 * M + 2.0, 0.5 * N + 1.2))
     else:
         fig = ax.figure
-    im = ax.imshow(A.numpy(), cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto")
+    if float(A.min()) < 0:  # not attention weights: show the sign with a diverging scale
+        top = float(A.abs().max()) if vmax is None else max(vmax, float(A.abs().max()))
+        im = ax.imshow(A.numpy(), cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto")
+    else:
+        im = ax.imshow(A.numpy(), cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto")
     ax.set_xticks(
         range(M), labels=list(keys) if keys is not None else range(M), rotation=45, ha="right"
     )
@@ -67,7 +72,7 @@ def attention_heatmap(
         top = float(A.max()) if vmax is None else vmax
         for n in range(N):
             for m in range(M):
-                colour = "black" if A[n, m] > 0.6 * top else "white"
+                colour = "black" if abs(A[n, m]) > 0.6 * top or float(A.min()) < 0 else "white"
                 ax.text(m, n, f"{A[n, m]:.2f}", ha="center", va="center", fontsize=7, color=colour)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     return fig

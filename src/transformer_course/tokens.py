@@ -8,6 +8,8 @@ turns data into tokens three ways:
   characters of a text (tiny-shakespeare gives 65).
 * :class:`BPETokenizer`: byte-pair encoding (Sennrich et al. 2016) on UTF-8 bytes, so every string
   can be encoded and there is no "unknown character".
+* :func:`embedding` and :func:`embedding_reference`: token ids to vectors, a row lookup in an
+  embedding matrix ``E`` (``V x D``), equal to one-hot vectors times ``E`` (``eq-tok-onehot``).
 * :func:`patchify` and :class:`PatchEmbedding`: an image cut into ``P x P`` patches, each flattened
   and mapped linearly to a ``d_model`` vector, ``x_n = W vec(patch_n)`` (Turner 2023, fig. 2;
   Dosovitskiy et al. 2021). Convention: rows are tokens, so a batch of images becomes
@@ -28,7 +30,13 @@ __all__ = [
     "BPETokenizer",
     "CharTokenizer",
     "PatchEmbedding",
+    "embedding",
+    "embedding_reference",
+    "merge_pair",
+    "pair_counts",
     "patchify",
+    "patchify_1d",
+    "pretokenize",
     "unpatchify",
 ]
 
@@ -146,6 +154,21 @@ def _pieces(text: str) -> list[str]:
     return _PIECE.findall(text)
 
 
+def pretokenize(text: str) -> list[str]:
+    """Split ``text`` into the pieces that BPE works inside: words with their leading space,
+    runs of punctuation, runs of whitespace. ``"".join(pretokenize(text)) == text``.
+
+    :class:`BPETokenizer` counts pairs and applies merges within each piece, never across two, so
+    ``" the"`` can become one token but ``"e t"`` never does (the same rule as GPT-2's tokenizer).
+
+    Raises:
+        TypeError: if ``text`` is not a string.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return _pieces(text)
+
+
 def _count_pairs(words: dict[tuple[int, ...], int]) -> Counter[tuple[int, int]]:
     """How often each adjacent pair of ids occurs, each word weighted by its frequency."""
     counts: Counter[tuple[int, int]] = Counter()
@@ -166,6 +189,40 @@ def _merge(word: Sequence[int], pair: tuple[int, int], new_id: int) -> tuple[int
             out.append(word[i])
             i += 1
     return tuple(out)
+
+
+def pair_counts(ids: Iterable[int] | Tensor) -> Counter[tuple[int, int]]:
+    r"""How often each adjacent pair ``(ids[i], ids[i+1])`` occurs in one sequence.
+
+    .. math:: c(a, b) = \sum_{n=1}^{N-1} [s_n = a]\,[s_{n+1} = b]
+
+    (eq. ``eq-tok-bpe-pair``; one step of BPE training, Sennrich et al. 2016). Pairs are counted at
+    every position, so ``[1, 1, 1]`` holds ``(1, 1)`` twice. A list or a 1-D tensor of ids works.
+    """
+    ids = _as_id_list(ids)
+    return Counter(pairwise(ids))
+
+
+def merge_pair(ids: Iterable[int] | Tensor, pair: tuple[int, int], new_id: int) -> list[int]:
+    """Replace every occurrence of ``pair`` in ``ids``, scanning left to right, by ``new_id``.
+
+    This is what one BPE merge does to a sequence. Occurrences never overlap: after a match the scan
+    moves past both ids, so merging ``(1, 1)`` in ``[1, 1, 1]`` gives ``[new_id, 1]``.
+
+    Raises:
+        ValueError: if ``pair`` is not two ids, or ``new_id`` already occurs in ``ids`` (a merge
+            must create a new token, or decoding would become ambiguous).
+    """
+    ids = _as_id_list(ids)
+    if not isinstance(pair, tuple | list) or len(pair) != 2:
+        raise ValueError(f"pair must be two ids (a, b), got {pair!r}")
+    a, b = int(pair[0]), int(pair[1])
+    if new_id in ids:
+        raise ValueError(
+            f"new_id={new_id} already occurs in ids; a merge creates a new token, so give it an id "
+            f"no token uses yet (for byte-level BPE: 256 + the number of merges so far)"
+        )
+    return list(_merge(ids, (a, b), new_id))
 
 
 class BPETokenizer:
@@ -302,13 +359,82 @@ class BPETokenizer:
 
 
 # --------------------------------------------------------------------------------------------------
+# Embeddings: ids to vectors
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_embedding_args(ids: Tensor, E: Tensor) -> None:
+    if not isinstance(ids, Tensor) or not isinstance(E, Tensor):
+        raise TypeError(
+            f"ids and E must be torch tensors, got {type(ids).__name__} and {type(E).__name__}; "
+            "turn a list of ids into one with torch.tensor(ids)"
+        )
+    if ids.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
+        raise TypeError(
+            f"ids must hold integer token ids, got dtype {ids.dtype}; use torch.long ids "
+            "(e.g. tok.encode_tensor(text) or torch.tensor(ids, dtype=torch.long))"
+        )
+    if E.dim() != 2:
+        raise ValueError(
+            f"E has shape {_shape(E)}; the embedding matrix must be 2-D, (V, D): one row per token"
+        )
+    V = E.shape[0]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise ValueError(
+            f"token id {bad} is outside the vocabulary: E has V={V} rows, so ids run from 0 to "
+            f"{V - 1}"
+        )
+
+
+def embedding_reference(ids: Tensor, E: Tensor) -> Tensor:
+    r"""Embed token ids as one-hot vectors times the embedding matrix, term by term.
+
+    .. math:: X^{(0)} = O E, \qquad O_{nv} = [s_n = v], \quad O \in \{0,1\}^{N\times V},
+              \quad E \in \mathbb{R}^{V\times D}
+
+    (eq. ``eq-tok-onehot``.) Row ``n`` of ``O`` is the one-hot vector of token ``s_n``, so row ``n``
+    of the product is row ``s_n`` of ``E``: see :func:`embedding`, which returns the same numbers.
+
+    Args:
+        ids: integer ids of any shape ``(...)``, each in ``0 .. V-1``.
+        E: ``(V, D)``, one row per vocabulary entry.
+
+    Returns:
+        ``(..., D)``, in ``E``'s dtype and device.
+
+    Raises:
+        TypeError: if ``ids`` is not an integer tensor.
+        ValueError: if ``E`` is not 2-D or an id is outside ``0 .. V-1``.
+    """
+    _check_embedding_args(ids, E)
+    O = torch.nn.functional.one_hot(ids.long(), E.shape[0]).to(E.dtype)  # (..., V)
+    return O @ E  # (..., V) @ (V, D) -> (..., D)
+
+
+def embedding(ids: Tensor, E: Tensor) -> Tensor:
+    """Embed token ids by looking up rows of ``E``: ``X[..., :] = E[ids[...], :]``.
+
+    The efficient form of eq. ``eq-tok-onehot`` (``torch.nn.functional.embedding``, which is what
+    ``torch.nn.Embedding`` calls); it equals :func:`embedding_reference` without building the
+    ``(..., V)`` one-hot tensor.
+
+    Raises:
+        TypeError: if ``ids`` is not an integer tensor.
+        ValueError: if ``E`` is not 2-D or an id is outside ``0 .. V-1``.
+    """
+    _check_embedding_args(ids, E)
+    return torch.nn.functional.embedding(ids.long(), E)  # (..., D)
+
+
+# --------------------------------------------------------------------------------------------------
 # Image patches
 # --------------------------------------------------------------------------------------------------
 
 
-def _check_patch_size(patch_size: int) -> int:
+def _check_patch_size(patch_size: int, name: str = "patch_size") -> int:
     if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
-        raise ValueError(f"patch_size must be a positive int, got {patch_size!r}")
+        raise ValueError(f"{name} must be a positive int, got {patch_size!r}")
     return patch_size
 
 
@@ -350,6 +476,45 @@ def patchify(images: Tensor, patch_size: int) -> Tensor:
     x = images.reshape(B, C, H // P, P, W // P, P)  # (B, C, rows of patches, P, cols, P)
     x = x.permute(0, 2, 4, 1, 3, 5)  # (B, H/P, W/P, C, P, P)
     return x.reshape(B, (H // P) * (W // P), C * P * P)
+
+
+def patchify_1d(series: Tensor, window: int) -> Tensor:
+    """Cut sequences of vectors into non-overlapping windows and flatten each: 1-D patches.
+
+    The time-series analogue of :func:`patchify`: ``C`` channels over ``T`` time steps become
+    ``N = T / L`` tokens, token ``n`` holding steps ``n L .. n L + L - 1`` of every channel.
+
+    Args:
+        series: ``(B, C, T)``, ``T`` a multiple of ``L``.
+        window: ``L``, the number of time steps per token.
+
+    Returns:
+        ``(B, N, C*L)``; each window is flattened in ``(C, L)`` order, channel first, then time
+        (the layout of a ``Conv1d`` weight, so ``Conv1d(C, D, kernel_size=L, stride=L)`` with copied
+        weights equals a linear map of these rows).
+
+    Raises:
+        ValueError: for a 2-D series (add the batch dimension with ``unsqueeze(0)``), any other
+            number of dimensions, or ``T`` not divisible by ``L``.
+    """
+    L = _check_patch_size(window, "window")
+    if not isinstance(series, Tensor):
+        raise TypeError(f"series must be a torch.Tensor, got {type(series).__name__}")
+    if series.dim() == 2:
+        raise ValueError(
+            f"series has shape {_shape(series)}, one series (C, T); patchify_1d takes a batch "
+            "(B, C, T): add the batch dimension with series.unsqueeze(0)"
+        )
+    if series.dim() != 3:
+        raise ValueError(f"series has shape {_shape(series)}; patchify_1d takes (B, C, T)")
+    B, C, T = series.shape
+    if T % L:
+        raise ValueError(
+            f"series length T={T} is not divisible by window={L}; crop or pad it to a multiple "
+            f"of {L}, or choose a window that divides {T}"
+        )
+    x = series.reshape(B, C, T // L, L)  # (B, C, N, L)
+    return x.permute(0, 2, 1, 3).reshape(B, T // L, C * L)  # (B, N, C*L)
 
 
 def unpatchify(

@@ -117,6 +117,9 @@ class Exercise:
                 return f"expected a torch.Tensor, got {type(got).__name__}."
         got = got.detach().to(expected.dtype)
         if got.shape != expected.shape:
+            for explanation, wrong in self.mistakes.items():  # a known mistake may change the shape
+                if _close(got, torch.as_tensor(wrong(*args)).to(expected.dtype), self):
+                    return explanation
             if got.dim() >= 2 and got.mT.shape == expected.shape and _close(got.mT, expected, self):
                 return (
                     f"off by a transpose: you returned shape {tuple(got.shape)}, expected "
@@ -128,7 +131,7 @@ class Exercise:
         if _close(got, expected, self):
             return None
         for explanation, wrong in self.mistakes.items():
-            if _close(got, wrong(*args), self):
+            if _close(got, torch.as_tensor(wrong(*args)).to(expected.dtype), self):
                 return explanation
         if self.rows_sum_to_one:
             row_sums = got.sum(-1)

@@ -1,0 +1,235 @@
+"""Exercises of the *Self-attention* lab: scores, a row softmax, masked self-attention, the variance
+of ``q . k`` and absorbing a bias into a weight matrix.
+
+Chapter: *Self-attention* (Bishop & Bishop 2024, sec. 2.8-2.10 and Algorithm 1; MIT 6.390 sec. 9.3-9.4.1).
+Every input is float64 so the checkers can use tight tolerances; the Monte Carlo exercise compares with
+a relative tolerance instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from . import exercise
+
+_SIZES = ((4, 4, 3), (3, 6, 5), (7, 5, 8))  # (N, M, d_k) per trial: square first, then not
+
+
+def _r(gen: torch.Generator, *shape: int) -> Tensor:
+    return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. The score matrix S = Q K^T / sqrt(d_k)
+
+
+def _score_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
+    N, M, d_k = _SIZES[trial % 3]
+    return _r(gen, N, d_k), _r(gen, M, d_k)
+
+
+@exercise(
+    name="self_attention.scores",
+    prompt=(
+        "Given queries Q (N, d_k) and keys K (M, d_k), return the scaled scores "
+        "S = Q K^T / sqrt(d_k) of shape (N, M): S[n, m] = q_n . k_m / sqrt(d_k)."
+    ),
+    make_inputs=_score_inputs,
+    mistakes={
+        "queries and keys are swapped: you computed K Q^T; row n of S must belong to query n, "
+        "so S = Q K^T.": lambda Q, K: K @ Q.T / math.sqrt(Q.shape[1]),
+        "the 1/sqrt(d_k) scale is missing: divide Q K^T by sqrt(d_k).": lambda Q, K: Q @ K.T,
+        "you divided by d_k; the scale is 1/sqrt(d_k) (the standard deviation of q . k), not "
+        "1/d_k.": lambda Q, K: Q @ K.T / Q.shape[1],
+        "you multiplied by sqrt(d_k); the scores are divided by sqrt(d_k).": (
+            lambda Q, K: Q @ K.T * math.sqrt(Q.shape[1])
+        ),
+    },
+)
+def scores(Q: Tensor, K: Tensor) -> Tensor:
+    d_k = Q.shape[-1]
+    return Q @ K.T / math.sqrt(d_k)  # (N, M): row n = query n, column m = key m
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. A numerically stable row softmax
+
+
+def _softmax_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor]:
+    N, M, _ = _SIZES[trial % 3]
+    S = 3.0 * _r(gen, N, M)
+    if trial == 2:
+        S = S + 800.0  # exp(800) overflows float64: only a stable softmax survives
+    return (S,)
+
+
+@exercise(
+    name="self_attention.softmax_rows",
+    prompt=(
+        "Given scores S (N, M), return A (N, M) with A[n, m] = exp(S[n, m]) / sum_m' exp(S[n, m']), "
+        "written with torch.exp (not torch.softmax). Each row must sum to one, and it must work for "
+        "large scores such as 800 (subtract each row's maximum first)."
+    ),
+    make_inputs=_softmax_inputs,
+    rows_sum_to_one=True,
+    mistakes={
+        "you normalised each column (dim=0); each query's row must sum to one (sum over dim=-1, "
+        "with keepdim=True).": lambda S: torch.exp(S - S.amax()) / torch.exp(S - S.amax()).sum(0),
+        "you divided by the sum of the whole matrix; normalise each row separately "
+        "(sum over dim=-1 with keepdim=True).": lambda S: (
+            torch.exp(S - S.amax()) / torch.exp(S - S.amax()).sum()
+        ),
+        "the exponential is missing: S / S.sum(...) is not a softmax (and can be negative).": (
+            lambda S: S / S.sum(-1, keepdim=True)
+        ),
+    },
+)
+def softmax_rows(S: Tensor) -> Tensor:
+    S = S - S.amax(
+        dim=-1, keepdim=True
+    )  # shift each row: softmax is unchanged, exp cannot overflow
+    E = torch.exp(S)  # (N, M), largest entry of each row is exactly 1
+    return E / E.sum(dim=-1, keepdim=True)  # rows sum to one
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Scaled dot-product self-attention with a boolean mask (Bishop Algorithm 1 plus a mask)
+
+
+def _masked_inputs(
+    gen: torch.Generator, trial: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    N, D, d_k, d_v = ((5, 4, 3, 2), (6, 3, 4, 5), (8, 6, 2, 3))[trial % 3]
+    X, W_q, W_k, W_v = _r(gen, N, D), _r(gen, D, d_k), _r(gen, D, d_k), _r(gen, D, d_v)
+    if trial == 0:
+        mask = torch.ones(N, N, dtype=torch.bool).tril()  # causal
+    else:
+        mask = torch.rand(N, N, generator=gen) < 0.5
+    idx = torch.arange(N)
+    mask[idx, idx] = True  # every query may attend to itself: no row is empty
+    mask[idx, (idx + 1) % N] = False  # and each row masks something: the inverted mask is not empty
+    return X, W_q, W_k, W_v, mask
+
+
+def _masked_attention(X, W_q, W_k, W_v, mask, keep, scale=True, renormalise=True):
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    S = Q @ K.T / (math.sqrt(Q.shape[1]) if scale else 1.0)
+    if keep is None:
+        return torch.softmax(S, dim=-1) @ V
+    if not renormalise:
+        return (torch.softmax(S, dim=-1) * keep) @ V
+    return torch.softmax(S.masked_fill(~keep, float("-inf")), dim=-1) @ V
+
+
+@exercise(
+    name="self_attention.masked_self_attention",
+    prompt=(
+        "X is (N, D), W_q and W_k are (D, d_k), W_v is (D, d_v), mask is a bool (N, N) tensor with "
+        "True where query n may attend to key m (every row has at least one True). Return "
+        "Y = softmax(S) V of shape (N, d_v), S = Q K^T / sqrt(d_k), where masked scores are -inf "
+        "so that their weights are exactly zero and each row of weights still sums to one."
+    ),
+    make_inputs=_masked_inputs,
+    mistakes={
+        "the mask is inverted: True means 'may attend', so fill the scores where the mask is "
+        "False: S.masked_fill(~mask, float('-inf')).": lambda X, W_q, W_k, W_v, mask: (
+            _masked_attention(X, W_q, W_k, W_v, ~mask, ~mask)
+        ),
+        "the mask is ignored: every query attended to every key.": lambda X, W_q, W_k, W_v, mask: (
+            _masked_attention(X, W_q, W_k, W_v, mask, None)
+        ),
+        "you zeroed the weights after the softmax, so rows no longer sum to one; mask the scores "
+        "with -inf before the softmax instead.": lambda X, W_q, W_k, W_v, mask: _masked_attention(
+            X, W_q, W_k, W_v, mask, mask, renormalise=False
+        ),
+        "the 1/sqrt(d_k) scale is missing: divide Q K^T by sqrt(d_k) before masking.": (
+            lambda X, W_q, W_k, W_v, mask: _masked_attention(
+                X, W_q, W_k, W_v, mask, mask, scale=False
+            )
+        ),
+    },
+)
+def masked_self_attention(X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, mask: Tensor) -> Tensor:
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v  # (N, d_k), (N, d_k), (N, d_v)
+    S = Q @ K.T / math.sqrt(Q.shape[-1])  # (N, N) scores
+    S = S.masked_fill(~mask, float("-inf"))  # False = may not attend: exp(-inf) = 0
+    A = torch.softmax(S, dim=-1)  # (N, N), rows sum to one, masked entries exactly 0
+    return A @ V  # (N, d_v)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. The variance of q . k, by Monte Carlo
+
+
+def _variance_inputs(gen: torch.Generator, trial: int) -> tuple[int, int, int]:
+    d_k = (4, 16, 32)[trial % 3]
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+    return d_k, 50_000, seed
+
+
+def _const(value: float) -> Tensor:
+    return torch.tensor(value, dtype=torch.float64)
+
+
+@exercise(
+    name="self_attention.qk_variance",
+    prompt=(
+        "Estimate Var(q . k) by Monte Carlo for q, k in R^{d_k} with independent standard normal "
+        "entries: draw num_samples pairs with g = torch.Generator().manual_seed(seed) and "
+        "torch.randn(num_samples, d_k, generator=g, dtype=torch.float64) (first all queries, then "
+        "all keys), take the num_samples dot products and return their sample variance as a "
+        "0-dim tensor. The checker accepts any estimate within 5% of the reference estimate."
+    ),
+    make_inputs=_variance_inputs,
+    atol=0.0,
+    rtol=0.05,
+    mistakes={
+        "your answer is close to sqrt(d_k): that is the standard deviation of q . k; return the "
+        "variance (.var(), not .std()).": lambda d_k, n, seed: _const(math.sqrt(d_k)),
+        "your answer is close to 1: that is the variance of q . k / sqrt(d_k) (the scaled score) "
+        "or of a single product q_i k_i; the unscaled dot product sums d_k such terms.": (
+            lambda d_k, n, seed: _const(1.0)
+        ),
+        "your answer is close to num_samples: you summed over the samples (dim=0) instead of "
+        "over the d_k coordinates (dim=-1) of each pair.": lambda d_k, n, seed: _const(float(n)),
+    },
+)
+def qk_variance(d_k: int, num_samples: int, seed: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(num_samples, d_k, generator=g, dtype=torch.float64)  # (num_samples, d_k)
+    k = torch.randn(num_samples, d_k, generator=g, dtype=torch.float64)  # (num_samples, d_k)
+    dots = (q * k).sum(dim=-1)  # (num_samples,): one q . k per pair
+    return dots.var()  # close to d_k
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. Absorbing a bias into the weights (Bishop sec. 2.9.2)
+
+
+def _bias_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
+    D, d = ((3, 2), (5, 4), (4, 6))[trial % 3]
+    return _r(gen, D, d), _r(gen, d)
+
+
+@exercise(
+    name="self_attention.absorb_bias",
+    prompt=(
+        "Given W (D, d) and a bias b (d,), return W_aug (D + 1, d) such that "
+        "torch.cat([X, torch.ones(N, 1)], dim=1) @ W_aug == X @ W + b for every X (N, D): the "
+        "constant feature 1 is appended as the LAST column of X."
+    ),
+    make_inputs=_bias_inputs,
+    mistakes={
+        "b is in the first row of W_aug, but the constant 1 is the LAST feature of [X, 1], so b "
+        "must be the last row: torch.cat([W, b[None, :]], dim=0).": lambda W, b: torch.cat(
+            [b[None, :], W], dim=0
+        ),
+        "the last row is all ones; it must hold the bias b (the ones are in X's extra column, "
+        "not in W_aug).": lambda W, b: torch.cat([W, torch.ones_like(b)[None, :]], dim=0),
+    },
+)
+def absorb_bias(W: Tensor, b: Tensor) -> Tensor:
+    return torch.cat([W, b[None, :]], dim=0)  # (D + 1, d): the last row multiplies the constant 1

@@ -1,0 +1,278 @@
+"""Exercises of the *Data as tokens* lab: characters to ids, one-hot embeddings, a BPE merge and
+image patches.
+
+Each solution is written out in plain torch (no call into :mod:`transformer_course.tokens`), so that
+``tc.exercises.solution(name)`` shows the learner the whole idea; the tests check that the package's
+functions agree with these solutions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from . import exercise
+
+# Lines of Coriolanus (public domain; the opening of tiny-shakespeare) for the text exercises.
+_LINES = (
+    "Before we proceed any further, hear me speak.",
+    "You are all resolved rather to die than to famish?",
+    "First, you know Caius Marcius is chief enemy to the people.",
+    "Let us kill him, and we'll have corn at our own price.",
+    "We are accounted poor citizens, the patricians good.",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. Characters to ids
+# --------------------------------------------------------------------------------------------------
+
+
+def _text_inputs(gen: torch.Generator, trial: int) -> tuple[str]:
+    line = _LINES[trial % len(_LINES)]
+    start = int(torch.randint(0, 8, (1,), generator=gen))
+    return (line[start : start + 30],)
+
+
+@exercise(
+    name="tokens.char_encode",
+    prompt=(
+        "Build a character vocabulary from `text` (its distinct characters, sorted) and return the "
+        "id of every character of `text` as a 1-D torch.long tensor of length len(text)."
+    ),
+    make_inputs=_text_inputs,
+    mistakes={
+        "your vocabulary lists the characters in order of first appearance; the course sorts the "
+        "distinct characters (sorted(set(text))), so ' ' and capitals come first.": (
+            lambda text: torch.tensor(
+                [list(dict.fromkeys(text)).index(c) for c in text], dtype=torch.long
+            )
+        ),
+        "your ids start at 1; ids are positions in the vocabulary list, counted from 0 (they index "
+        "the rows of the embedding matrix).": (
+            lambda text: torch.tensor([sorted(set(text)).index(c) + 1 for c in text])
+        ),
+        "you returned Unicode code points (ord(c)); an id is the character's position in this "
+        "text's own vocabulary, 0 .. V-1.": (
+            lambda text: torch.tensor([ord(c) for c in text], dtype=torch.long)
+        ),
+    },
+)
+def char_encode(text: str) -> Tensor:
+    vocab = sorted(set(text))  # the distinct characters, sorted by code point
+    stoi = {c: i for i, c in enumerate(vocab)}  # character -> id
+    return torch.tensor([stoi[c] for c in text], dtype=torch.long)  # (len(text),)
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. One-hot vectors times E equal a row lookup
+# --------------------------------------------------------------------------------------------------
+
+
+def _embed_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
+    B, N, V, D = ((2, 5, 7, 3), (1, 8, 10, 4), (3, 4, 6, 5))[trial % 3]
+    ids = torch.randint(0, V, (B, N), generator=gen)
+    ids[0, 0] = 0  # token 0 always appears: it is the one an off-by-one loses
+    return ids, torch.randn(V, D, generator=gen, dtype=torch.float64)
+
+
+@exercise(
+    name="tokens.one_hot_embed",
+    prompt=(
+        "ids is a (B, N) tensor of token ids in 0..V-1 and E the (V, D) embedding matrix. Without "
+        "indexing E, build the one-hot vectors O (B, N, V) and return O @ E, shape (B, N, D)."
+    ),
+    make_inputs=_embed_inputs,
+    mistakes={
+        "you returned the one-hot tensor O itself, shape (B, N, V); the embeddings are O @ E, "
+        "shape (B, N, D).": (
+            lambda ids, E: torch.nn.functional.one_hot(ids, E.shape[0]).to(E.dtype)
+        ),
+        "each token got the row before its own (E[s - 1]): ids count from 0, so token s is row s "
+        "of E and token 0 is the first row. (Some sources number tokens 1..V; PyTorch does not.)": (
+            lambda ids, E: E[(ids - 1) % E.shape[0]]
+        ),
+    },
+)
+def one_hot_embed(ids: Tensor, E: Tensor) -> Tensor:
+    V = E.shape[0]
+    O = torch.nn.functional.one_hot(ids, num_classes=V).to(E.dtype)  # (B, N, V), one 1 per row
+    return O @ E  # (B, N, V) @ (V, D) -> (B, N, D): row n of O picks row s_n of E
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. One byte-pair-encoding merge
+# --------------------------------------------------------------------------------------------------
+
+
+def _merge_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, tuple[int, int], int]:
+    if trial == 0:  # "aaabdaaabac": the pair (a, a) overlaps itself in "aaa"
+        return torch.tensor(list(b"aaabdaaabac")), (97, 97), 258
+    ids = torch.randint(97, 101, (14 + 3 * trial,), generator=gen)
+    counts: dict[tuple[int, int], int] = {}
+    for a, b in zip(ids[:-1].tolist(), ids[1:].tolist(), strict=True):
+        counts[(a, b)] = counts.get((a, b), 0) + 1
+    pair = min(counts, key=lambda p: (-counts[p], p))  # the most frequent pair, as BPE picks it
+    return ids, pair, 256 + 4 * trial
+
+
+def _merge_with_id(ids: Tensor, pair: tuple[int, int], new_id: int) -> Tensor:
+    return bpe_merge(ids, pair, new_id)
+
+
+def _merge_first_only(ids: Tensor, pair: tuple[int, int], new_id: int) -> Tensor:
+    seq = ids.tolist()
+    for i in range(len(seq) - 1):
+        if (seq[i], seq[i + 1]) == tuple(pair):
+            return torch.tensor([*seq[:i], new_id, *seq[i + 2 :]])
+    return ids
+
+
+def _merge_without_skip(ids: Tensor, pair: tuple[int, int], new_id: int) -> Tensor:
+    seq, out = ids.tolist(), []
+    for i in range(len(seq)):  # moves on by one even after a match
+        if i + 1 < len(seq) and (seq[i], seq[i + 1]) == tuple(pair):
+            out.append(new_id)
+        else:
+            out.append(seq[i])
+    return torch.tensor(out)
+
+
+@exercise(
+    name="tokens.bpe_merge",
+    prompt=(
+        "Apply one BPE merge: scan the 1-D tensor `ids` left to right and replace every "
+        "occurrence of the adjacent pair `pair = (a, b)` by the single id `new_id` (occurrences "
+        "do not overlap: after a match, continue after b). Return a 1-D torch.long tensor; it is "
+        "shorter than ids by the number of merges made."
+    ),
+    make_inputs=_merge_inputs,
+    mistakes={
+        "you merged only the first occurrence of the pair; BPE replaces every occurrence, "
+        "scanning the whole sequence.": _merge_first_only,
+        "after a match, move past both ids of the pair (i += 2): your output keeps the second "
+        "id of each merged pair, and with the pair (a, a) turns 'a a a' into 'new new a' "
+        "instead of 'new a'.": _merge_without_skip,
+        "the merged token must get the id you are given, new_id; yours used 256 (the first merge's "
+        "id). Later merges get 257, 258, ...": (
+            lambda ids, pair, new_id: _merge_with_id(ids, pair, 256)
+        ),
+        "the merged token must get the id you are given, new_id; yours used max(ids) + 1, which "
+        "may clash with a token learned earlier.": (
+            lambda ids, pair, new_id: _merge_with_id(ids, pair, int(ids.max()) + 1)
+        ),
+    },
+)
+def bpe_merge(ids: Tensor, pair: tuple[int, int], new_id: int) -> Tensor:
+    seq, out, i = ids.tolist(), [], 0
+    while i < len(seq):
+        if i + 1 < len(seq) and (seq[i], seq[i + 1]) == tuple(pair):
+            out.append(new_id)  # the pair becomes one new token
+            i += 2  # skip both halves: matches never overlap
+        else:
+            out.append(seq[i])
+            i += 1
+    return torch.tensor(out, dtype=torch.long)
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. Patchify by hand
+# --------------------------------------------------------------------------------------------------
+
+
+def _patch_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
+    B, C, H, W, P = ((2, 3, 6, 4, 2), (1, 2, 8, 12, 4), (2, 3, 9, 6, 3))[trial % 3]
+    return torch.randn(B, C, H, W, generator=gen, dtype=torch.float64), P
+
+
+def _patches_by_loop(images: Tensor, P: int, column_major: bool, layout: str) -> Tensor:
+    B, C, H, W = images.shape
+    grid = [(i, j) for i in range(H // P) for j in range(W // P)]
+    if column_major:
+        grid = sorted(grid, key=lambda ij: (ij[1], ij[0]))
+    rows = []
+    for i, j in grid:
+        patch = images[:, :, i * P : (i + 1) * P, j * P : (j + 1) * P]  # (B, C, P, P)
+        if layout == "transposed":
+            patch = patch.transpose(-2, -1)  # (B, C, P_col, P_row)
+        elif layout == "channels_last":
+            patch = patch.permute(0, 2, 3, 1)  # (B, P, P, C)
+        rows.append(patch.reshape(B, C * P * P))
+    return torch.stack(rows, dim=1)  # (B, N, C*P*P)
+
+
+@exercise(
+    name="tokens.patchify",
+    prompt=(
+        "Cut a batch of images (B, C, H, W) into non-overlapping P x P patches and return them as "
+        "tokens (B, N, C*P*P), N = (H/P)*(W/P). Patch order: row-major (left to right along the "
+        "top row of patches, then the next row). Inside a patch: channel first, then pixel row, "
+        "then pixel column, i.e. patch.reshape(C*P*P) of a (C, P, P) patch."
+    ),
+    make_inputs=_patch_inputs,
+    mistakes={
+        "your patches are in column-major order (down the first column of patches first); the "
+        "course goes along each row of patches first, like reading text.": (
+            lambda images, P: _patches_by_loop(images, P, True, "plain")
+        ),
+        "each patch is transposed: you flattened pixel columns before pixel rows. Flatten a "
+        "(C, P, P) patch as channel, row, column.": (
+            lambda images, P: _patches_by_loop(images, P, False, "transposed")
+        ),
+        "your patches are flattened channel-last, as (P, P, C); the course (and Conv2d's weight "
+        "layout) flattens (C, P, P): all of channel 0, then channel 1, ...": (
+            lambda images, P: _patches_by_loop(images, P, False, "channels_last")
+        ),
+        "you reshaped the images to (B, N, C*P*P) directly, without moving the patch axes "
+        "together first: each 'patch' mixes pixels from different patches and channels. Reshape "
+        "to (B, C, H/P, P, W/P, P), permute to (B, H/P, W/P, C, P, P), then reshape.": (
+            lambda images, P: images.reshape(images.shape[0], -1, images.shape[1] * P * P)
+        ),
+    },
+)
+def patchify(images: Tensor, P: int) -> Tensor:
+    B, C, H, W = images.shape
+    x = images.reshape(B, C, H // P, P, W // P, P)  # (B, C, rows of patches, P, cols of patches, P)
+    x = x.permute(0, 2, 4, 1, 3, 5)  # (B, H/P, W/P, C, P, P): patch index first
+    return x.reshape(B, (H // P) * (W // P), C * P * P)  # (B, N, C*P*P)
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. How many tokens does an image make?
+# --------------------------------------------------------------------------------------------------
+
+
+@exercise(
+    name="tokens.count_tokens",
+    prompt=(
+        "An H x W image with C channels is cut into P x P patches; pixels left over at the "
+        "right and bottom edges (when P does not divide H or W) are cropped. Return (N, d): the "
+        "number of patch tokens N and the length d of a flattened patch vec(patch_n)."
+    ),
+    make_inputs=lambda gen, trial: ((224, 224, 16, 3), (32, 48, 8, 1), (30, 45, 7, 3))[trial % 3],
+    mistakes={
+        "N is the number of P x P patches, so divide the pixel count by P twice (once per side): "
+        "you divided H*W by P only once.": (
+            lambda H, W, P, C: torch.tensor([H * W // P, C * P * P])
+        ),
+        "a patch holds C*P*P numbers, one per channel and pixel; your d forgot the C channels.": (
+            lambda H, W, P, C: torch.tensor([(H // P) * (W // P), P * P])
+        ),
+        "the patches form a grid of (H/P) rows times (W/P) columns: multiply the two counts, "
+        "do not add them.": (lambda H, W, P, C: torch.tensor([H // P + W // P, C * P * P])),
+        "you rounded up, counting partial patches at the edges; the leftover pixels are cropped, "
+        "so use floor division on each side: (H // P) * (W // P).": (
+            lambda H, W, P, C: torch.tensor([math.ceil(H / P) * math.ceil(W / P), C * P * P])
+        ),
+        "floor each side separately: H*W // (P*P) counts leftover edge pixels as if they formed "
+        "whole patches; use (H // P) * (W // P).": (
+            lambda H, W, P, C: torch.tensor([H * W // (P * P), C * P * P])
+        ),
+    },
+)
+def count_tokens(H: int, W: int, P: int, C: int) -> Tensor:
+    N = (H // P) * (W // P)  # whole patches only: a grid of H//P rows and W//P columns
+    d = C * P * P  # one number per channel and pixel of a patch
+    return torch.tensor([N, d])
