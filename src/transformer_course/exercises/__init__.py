@@ -161,7 +161,17 @@ def _close(a: Tensor, b: Tensor, ex: Exercise) -> bool:
 
 
 def _sizes(args: tuple) -> str:
-    return ", ".join(str(tuple(a.shape)) if isinstance(a, Tensor) else repr(a) for a in args)
+    def short(a: Any) -> str:
+        if isinstance(a, Tensor):
+            return str(tuple(a.shape))
+        text = repr(a)
+        if len(text) <= 40:
+            return text
+        if callable(a):  # a module or function: its name, not its whole repr
+            return f"<{getattr(a, '__name__', type(a).__name__)}>"
+        return text[:37] + "..."
+
+    return ", ".join(short(a) for a in args)
 
 
 def exercise(**kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
