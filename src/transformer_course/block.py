@@ -18,6 +18,7 @@ from .multihead import KVCache, MultiHeadAttention
 
 __all__ = [
     "MLP",
+    "DecoderBlock",
     "LayerNorm",
     "PostNormBlock",
     "PreNormBlock",
@@ -142,7 +143,7 @@ class _Block(nn.Module):
 
 
 class PostNormBlock(_Block):
-    r"""Post-norm block, book eq. ``eq-block-postnorm`` (Vaswani et al. 2017; Bishop eq. 20-21):
+    r"""Post-norm block, book eq. ``eq-block-postnorm`` (Vaswani et al. 2017; Bishop eq. 20 and 22):
 
     .. math:: Z = \mathrm{LN}\big(X + \mathrm{MHSA}(X)\big),\qquad
               Y = \mathrm{LN}\big(Z + \mathrm{MLP}(Z)\big)
@@ -162,7 +163,7 @@ class PostNormBlock(_Block):
 
 
 class PreNormBlock(_Block):
-    r"""Pre-norm block, book eq. ``eq-block-prenorm`` (Xiong et al. 2020; Bishop eq. 22-23):
+    r"""Pre-norm block, book eq. ``eq-block-prenorm`` (Xiong et al. 2020; Bishop eq. 21 and 23):
 
     .. math:: Z = X + \mathrm{MHSA}\big(\mathrm{LN}(X)\big),\qquad
               Y = Z + \mathrm{MLP}\big(\mathrm{LN}(Z)\big)
@@ -179,6 +180,53 @@ class PreNormBlock(_Block):
     ) -> Tensor:
         Z = X + self.drop1(self.attn(self.norm1(X), mask=mask, causal=causal, cache=cache))
         return Z + self.drop2(self.mlp(self.norm2(Z)))  # (B, N, D)
+
+
+class DecoderBlock(nn.Module):
+    r"""Pre-norm decoder block with cross-attention, book eq. ``eq-ed-decoder`` (Vaswani et al. 2017;
+    Dramko 2025 sec. 5.1):
+
+    .. math:: Z_1 = X + \mathrm{MHSA}_\text{causal}(\mathrm{LN}(X)),\quad
+              Z_2 = Z_1 + \mathrm{MHA}(\mathrm{LN}(Z_1), H_\text{enc}),\quad
+              Y = Z_2 + \mathrm{MLP}(\mathrm{LN}(Z_2))
+
+    In the cross-attention the queries come from the decoder stream ``LN(Z_1)`` and the keys and values
+    from the encoder's output ``H_enc`` (``memory``). ``memory_mask`` is bool ``(B, N, M)`` (``True`` =
+    may attend), e.g. to hide padded source tokens.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        H: int,
+        d_ff: int | None = None,
+        activation: str = "gelu",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, H, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, H, dropout=dropout)
+        self.mlp = MLP(d_model, d_ff or 4 * d_model, activation, dropout)
+        self.norm1, self.norm2, self.norm3 = (
+            LayerNorm(d_model),
+            LayerNorm(d_model),
+            LayerNorm(d_model),
+        )
+        self.drop = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        X: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None = None,
+        self_cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+    ) -> Tensor:
+        Z = X + self.drop(self.self_attn(self.norm1(X), causal=True, cache=self_cache))
+        Z = Z + self.drop(
+            self.cross_attn(self.norm2(Z), memory, mask=memory_mask, cache=cross_cache)
+        )
+        return Z + self.drop(self.mlp(self.norm3(Z)))
 
 
 class TransformerStack(nn.Module):

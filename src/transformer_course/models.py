@@ -1,9 +1,11 @@
-"""Models assembled from the course's parts: a decoder-only GPT (more models join in later chapters).
+"""Models assembled from the course's parts: a decoder-only GPT, an encoder-decoder, a ViT.
 
-Chapter: *Autoregressive language models* (Turner 2023 sec. 4.1; MIT 6.390 sec. 9.1 and 9.5.2; Dramko
-2025 sec. 5.2-5.3). Every part is the course's own: token lookup, learned positions
-(:mod:`.position`), pre-norm blocks with causal multi-head attention (:mod:`.block`), a final LayerNorm
-and the LM head, whose weights are tied to the token embedding by default (Press & Wolf 2017).
+Chapters: *Autoregressive language models* (:class:`GPT`; Turner 2023 sec. 4.1, MIT 6.390 sec. 9.1 and
+9.5.2, Dramko 2025 sec. 5.2-5.3), *Encoder-decoder* (:class:`Seq2Seq`; Dramko sec. 5.1, Turner sec.
+4.3) and *Vision transformers* (:class:`ViT`; Turner sec. 4.2, Dosovitskiy et al. 2021). Every part is
+the course's own: token lookup, learned positions (:mod:`.position`), pre-norm blocks and decoder blocks
+(:mod:`.block`) with multi-head attention (:mod:`.multihead`), and patch embeddings (:mod:`.tokens`).
+There is no second implementation of any of them here.
 """
 
 from __future__ import annotations
@@ -17,11 +19,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .block import PreNormBlock, TransformerStack
+from .block import DecoderBlock, LayerNorm, PreNormBlock, TransformerStack
 from .multihead import KVCache
 from .position import LearnedPositionalEmbedding
+from .tokens import PatchEmbedding
 
-__all__ = ["GPT", "SHAKESPEARE_CPU", "SHAKESPEARE_GPU", "TINY", "GPTConfig"]
+__all__ = [
+    "GPT",
+    "SHAKESPEARE_CPU",
+    "SHAKESPEARE_GPU",
+    "TINY",
+    "GPTConfig",
+    "Seq2Seq",
+    "Seq2SeqConfig",
+    "ViT",
+    "ViTConfig",
+]
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2's initialisation: N(0, 0.02) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
 
 
 @dataclass(frozen=True)
@@ -81,17 +102,10 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight  # W_vocab = E^T (Press & Wolf 2017)
-        self.apply(self._init)
+        self.apply(_init_weights)
         for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
             if name.endswith(("out_proj.weight", "fc2.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layers))
-
-    @staticmethod
-    def _init(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
 
     def num_params(self) -> int:
         """Parameters, each counted once (a tied LM head is not counted twice)."""
@@ -147,3 +161,204 @@ class GPT(nn.Module):
         model = cls(GPTConfig(**ckpt.pop("config")))
         model.load_state_dict(ckpt.pop("state_dict"))
         return model, ckpt
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    """Sizes of an encoder-decoder. ``src_len``/``tgt_len`` are the longest source/target sequences."""
+
+    src_vocab: int
+    tgt_vocab: int
+    src_len: int
+    tgt_len: int
+    d_model: int = 128
+    H: int = 4
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 2
+    dropout: float = 0.0
+    pad_id: int = 0
+
+
+class Seq2Seq(nn.Module):
+    r"""An encoder-decoder transformer, book eq. ``eq-ed-model`` (Vaswani et al. 2017; Dramko 2025 sec. 5).
+
+    The encoder reads the whole source (padding hidden by a mask) with pre-norm blocks; the decoder reads
+    the target so far with causal self-attention and attends to the encoder's output through
+    cross-attention; a linear map projects into the target vocabulary.
+
+    ``forward(src (B, M), tgt_in (B, N), tgt_out (B, N) | None) -> (logits (B, N, V), loss | None)``;
+    the loss ignores padding positions of ``tgt_out``.
+    """
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.src_emb = nn.Embedding(c.src_vocab, c.d_model)
+        self.tgt_emb = nn.Embedding(c.tgt_vocab, c.d_model)
+        self.src_pos = LearnedPositionalEmbedding(c.src_len, c.d_model)
+        self.tgt_pos = LearnedPositionalEmbedding(c.tgt_len, c.d_model)
+        self.encoder = nn.ModuleList(
+            PreNormBlock(c.d_model, c.H, activation="gelu", dropout=c.dropout)
+            for _ in range(c.n_encoder_layers)
+        )
+        self.encoder_norm = LayerNorm(c.d_model)
+        self.decoder = nn.ModuleList(
+            DecoderBlock(c.d_model, c.H, dropout=c.dropout) for _ in range(c.n_decoder_layers)
+        )
+        self.decoder_norm = LayerNorm(c.d_model)
+        self.head = nn.Linear(c.d_model, c.tgt_vocab, bias=False)
+        self.apply(_init_weights)
+
+    def _check(self, ids: Tensor, name: str, limit: int, vocab: int) -> None:
+        if ids.dim() != 2 or ids.dtype != torch.long:
+            raise ValueError(
+                f"{name} must be (B, length) token ids, got {ids.dtype} {tuple(ids.shape)}"
+            )
+        if ids.shape[1] > limit:
+            raise ValueError(
+                f"{name} has {ids.shape[1]} tokens but the model was built for at most {limit}; "
+                f"shorten it or build Seq2SeqConfig with a larger {'src_len' if 'src' in name else 'tgt_len'}"
+            )
+        if ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
+            raise ValueError(f"{name} ids must lie in [0, {vocab})")
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder output ``(B, M, D)`` and the key mask ``(B, M)`` (``True`` = real token)."""
+        c = self.config
+        self._check(src, "src", c.src_len, c.src_vocab)
+        keep = src != c.pad_id  # (B, M)
+        mask = keep[:, None, :].expand(-1, src.shape[1], -1)  # (B, M, M): hide padded keys
+        H = self.src_pos(self.src_emb(src))
+        for block in self.encoder:
+            H = block(H, mask=mask)
+        return self.encoder_norm(H), keep
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        keep: Tensor,
+        caches: list[tuple[KVCache, KVCache]] | None = None,
+    ) -> Tensor:
+        """Logits ``(B, N, V)`` for the target tokens ``tgt_in`` given the encoder's output."""
+        c = self.config
+        start = len(caches[0][0]) if caches else 0
+        if start + tgt_in.shape[1] > c.tgt_len:
+            raise ValueError(f"the target is longer than tgt_len={c.tgt_len}")
+        self._check(tgt_in, "tgt_in", c.tgt_len, c.tgt_vocab)
+        X = self.tgt_pos(self.tgt_emb(tgt_in), start=start)  # (B, N, D)
+        memory_mask = keep[:, None, :].expand(-1, tgt_in.shape[1], -1)  # (B, N, M)
+        for m, block in enumerate(self.decoder):
+            self_cache, cross_cache = caches[m] if caches else (None, None)
+            X = block(X, memory, memory_mask, self_cache, cross_cache)
+        return self.head(self.decoder_norm(X))
+
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        memory, keep = self.encode(src)
+        logits = self.decode(tgt_in, memory, keep)
+        if tgt_out is None:
+            return logits, None
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            tgt_out.reshape(-1),
+            ignore_index=self.config.pad_id,
+        )
+        return logits, loss
+
+    @torch.no_grad()
+    def greedy_decode(self, src: Tensor, bos: int, eos: int, use_cache: bool = True) -> Tensor:
+        """Greedy decoding: ``(B, tgt_len)`` ids starting with ``bos``; after ``eos`` only padding.
+
+        The encoder runs once. With ``use_cache`` the decoder's self-attention keys and values are
+        cached and the cross-attention keys and values of the encoder output are computed once.
+        """
+        was_training = self.training
+        self.eval()
+        memory, keep = self.encode(src)
+        B = src.shape[0]
+        out = torch.full((B, 1), bos, dtype=torch.long, device=src.device)
+        done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        caches = [(KVCache(), KVCache(static=True)) for _ in self.decoder] if use_cache else None
+        for _ in range(self.config.tgt_len - 1):
+            step_in = out[:, -1:] if use_cache else out
+            logits = self.decode(step_in, memory, keep, caches)[:, -1]  # (B, V)
+            nxt = logits.argmax(dim=-1)
+            nxt = torch.where(done, torch.full_like(nxt, self.config.pad_id), nxt)
+            out = torch.cat([out, nxt[:, None]], dim=1)
+            done |= nxt == eos
+            if done.all():
+                break
+        self.train(was_training)
+        pad = self.config.tgt_len - out.shape[1]
+        return F.pad(out, (0, pad), value=self.config.pad_id)
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Sizes of a vision transformer; ``pool`` is ``"cls"`` (a learned CLS token) or ``"mean"``."""
+
+    image_size: int = 8
+    patch_size: int = 2
+    channels: int = 1
+    n_classes: int = 10
+    d_model: int = 64
+    H: int = 4
+    n_layers: int = 4
+    dropout: float = 0.1
+    pool: str = "cls"
+
+    def __post_init__(self) -> None:
+        if self.image_size % self.patch_size:
+            raise ValueError(
+                f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}"
+            )
+        if self.pool not in ("cls", "mean"):
+            raise ValueError(f"pool must be 'cls' or 'mean', got {self.pool!r}")
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+class ViT(nn.Module):
+    r"""A vision transformer, book eq. ``eq-vit`` (Dosovitskiy et al. 2021; Turner 2023 sec. 4.2).
+
+    .. math:: X^{(0)} = [\mathbf{x}_\text{cls}; P W^\top] + R,\qquad
+              \text{logits} = \mathrm{LN}(X^{(M)})_\text{cls}\, W_\text{head}
+
+    (with ``pool="mean"`` the average over patch tokens replaces the CLS row).
+    ``forward(images (B, C, H, W)) -> logits (B, n_classes)``.
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.patch = PatchEmbedding(c.patch_size, c.channels, c.d_model)
+        self.cls = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pool == "cls" else None
+        self.pos = LearnedPositionalEmbedding(c.n_patches + (c.pool == "cls"), c.d_model)
+        self.drop = nn.Dropout(c.dropout)
+        self.stack = TransformerStack(
+            PreNormBlock, c.n_layers, c.d_model, c.H, activation="gelu", dropout=c.dropout
+        )
+        self.head = nn.Linear(c.d_model, c.n_classes)
+        self.apply(_init_weights)
+
+    def tokens(self, images: Tensor) -> Tensor:
+        """``X^(0)``: patch embeddings (with the CLS token first) plus learned positions."""
+        c = self.config
+        if images.dim() != 4 or images.shape[1:] != (c.channels, c.image_size, c.image_size):
+            raise ValueError(
+                f"images must be (B, {c.channels}, {c.image_size}, {c.image_size}) for this ViT, got "
+                f"{tuple(images.shape)}"
+            )
+        X = self.patch(images)  # (B, N, D)
+        if self.cls is not None:
+            X = torch.cat([self.cls.expand(X.shape[0], -1, -1), X], dim=1)  # (B, 1 + N, D)
+        return self.drop(self.pos(X))
+
+    def forward(self, images: Tensor) -> Tensor:
+        X = self.stack(self.tokens(images))  # (B, 1 + N | N, D), final LayerNorm included
+        pooled = X[:, 0] if self.cls is not None else X.mean(dim=1)  # (B, D)
+        return self.head(pooled)
