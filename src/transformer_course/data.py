@@ -11,6 +11,9 @@ Where the file comes from, in order:
 3. a download from :data:`TINYSHAKESPEARE_URL` into the cache, checked against its SHA-256.
 
 Offline with no copy, the error says where to put the file.
+
+Also scikit-learn's bundled 8x8 digits (no download), split as in scikit-learn's own example, and a
+random-shift augmentation for them.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ __all__ = [
     "TINYSHAKESPEARE_SHA256",
     "TINYSHAKESPEARE_URL",
     "cache_dir",
+    "digits_split",
     "get_batch",
+    "random_shift",
     "tinyshakespeare_path",
     "tinyshakespeare_text",
     "train_val_split",
@@ -146,3 +151,37 @@ def get_batch(
     if device is not None:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     return x, y
+
+
+def digits_split() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """scikit-learn's 8x8 digits, split as in its classification example: the first half (898 images)
+    for training and the second half (899) for testing, no shuffling (Pedregosa et al. 2011).
+
+    Returns:
+        ``X_train (898, 1, 8, 8)``, ``y_train (898,)``, ``X_test (899, 1, 8, 8)``, ``y_test (899,)``;
+        pixels scaled from 0..16 to 0..1.
+    """
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    X = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0  # (1797, 1, 8, 8)
+    y = torch.tensor(digits.target, dtype=torch.long)
+    n = len(X) // 2
+    return X[:n], y[:n], X[n:], y[n:]
+
+
+def random_shift(
+    images: Tensor, max_shift: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """Translate each image by a random whole number of pixels in ``[-max_shift, max_shift]`` per axis,
+    filling with zeros (a label-preserving augmentation for centred digits)."""
+    if images.dim() != 4:
+        raise ValueError(f"images must be (B, C, H, W), got {tuple(images.shape)}")
+    B, _, H, W = images.shape
+    p = max_shift
+    padded = torch.nn.functional.pad(images, (p, p, p, p))  # (B, C, H + 2p, W + 2p)
+    dy, dx = torch.randint(0, 2 * p + 1, (2, B), generator=generator)
+    rows = (dy[:, None] + torch.arange(H)).to(images.device)  # (B, H)
+    cols = (dx[:, None] + torch.arange(W)).to(images.device)  # (B, W)
+    b = torch.arange(B, device=images.device)[:, None, None]
+    return padded.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
