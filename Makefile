@@ -59,8 +59,14 @@ sync: $(STAMP)  ## regenerate every lab's Colab badge and setup cell from pyproj
 labs: $(STAMP)  ## regenerate the labs' head cells and re-execute them, storing outputs
 	$(BIN)/python scripts/sync_labs.py --execute
 
-bench: $(STAMP)
-	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+BENCHES := attention lm seq2seq vit_digits
+BENCH_DEVICE ?= cpu
+
+bench: $(STAMP)  ## run every benchmark; results go to bench/results/<device>/<name>.json for the book
+	@mkdir -p bench/results/$(BENCH_DEVICE)
+	@set -o pipefail; for b in $(BENCHES); do echo "== bench/$$b.py --device $(BENCH_DEVICE)"; \
+	  $(BIN)/python bench/$$b.py --device $(BENCH_DEVICE) | tee bench/results/$(BENCH_DEVICE)/$$b.log || exit 1; \
+	  tail -n 1 bench/results/$(BENCH_DEVICE)/$$b.log > bench/results/$(BENCH_DEVICE)/$$b.json; done
 
 clean:
 	rm -rf _build

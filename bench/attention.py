@@ -88,6 +88,10 @@ def main() -> None:
     )
     report(
         {
+            "targets": {
+                "mhsa_vs_torch_ratio": ["<=", 1.05],
+                "reference_max_abs_err_fp32": ["<=", 1e-5],
+            },
             "device": str(device),
             "machine": machine(device),
             "shape": {"B": B, "N": N, "D": D, "H": H},

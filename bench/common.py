@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -48,6 +50,20 @@ def interleaved_medians(
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def _commit() -> str:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src", "bench"], capture_output=True, text=True
+        )
+        return done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def report(results: dict) -> None:
-    """Print the results as the last line: one JSON object."""
+    """Print the results as the last line: one JSON object (with the commit and the date added)."""
+    results = {**results, "commit": _commit(), "date": datetime.date.today().isoformat()}
     print(json.dumps(results, sort_keys=True))

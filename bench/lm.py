@@ -33,6 +33,12 @@ PRESETS = {
         ),
         batch_size=32,
         budget_s=120.0,
+        targets={
+            "val_loss": ["<=", 1.70],
+            "train_seconds": ["<=", 120],
+            "kv_speedup": [">=", 8],
+            "kv_identical": ["==", True],
+        },
     ),
     "gpu": dict(
         model=SHAKESPEARE_GPU,
@@ -41,6 +47,11 @@ PRESETS = {
         ),
         batch_size=64,
         budget_s=60.0,
+        targets={
+            "val_loss": ["<=", 1.47],
+            "train_seconds": ["<=", 60],
+            "kv_identical": ["==", True],
+        },
     ),
 }
 
@@ -120,6 +131,8 @@ def main() -> None:
     print("sample:", tok.decode(outputs[True][0, 1:201].tolist()).replace("\n", " / "))
     report(
         {
+            "targets": preset["targets"],
+            "preset": args.preset or ("gpu" if device.type == "cuda" else "cpu"),
             "device": str(device),
             "machine": machine(device),
             "params": model.num_params(),

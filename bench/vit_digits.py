@@ -63,6 +63,7 @@ def main() -> None:
     )
     report(
         {
+            "targets": {"test_accuracy": [">=", 0.975], "train_seconds": ["<=", 60]},
             "device": str(device),
             "machine": machine(device),
             "params": sum(p.numel() for p in model.parameters()),
