@@ -73,6 +73,16 @@ def test_layernorm_equals_torch_and_the_formula():
     torch.testing.assert_close(ours(X)[1, 2], expected, atol=1e-12, rtol=0)
 
 
+def test_layernorm_module_equals_the_reference_formula():
+    torch.manual_seed(1)
+    ln = LayerNorm(16).double()
+    with torch.no_grad():
+        ln.weight.normal_()
+        ln.bias.normal_()
+    X = torch.randn(3, 5, 16, dtype=torch.float64) * 4 - 2
+    torch.testing.assert_close(ln(X), layer_norm_reference(X, ln.weight, ln.bias), atol=1e-12, rtol=0)
+
+
 def test_layernorm_normalises_each_token():
     Y = layer_norm_reference(torch.randn(6, 32) * 5 + 3, torch.ones(32), torch.zeros(32), eps=0.0)
     torch.testing.assert_close(Y.mean(-1), torch.zeros(6), atol=1e-6, rtol=0)
