@@ -29,9 +29,9 @@ PRESETS = {
     "cpu": dict(
         model=SHAKESPEARE_CPU,
         train=TrainConfig(
-            max_steps=1500, lr=3e-3, warmup_steps=100, weight_decay=0.1, eval_interval=500
+            max_steps=1200, lr=5e-3, warmup_steps=100, weight_decay=0.1, eval_interval=400
         ),
-        batch_size=32,
+        batch_size=48,
         budget_s=120.0,
         targets={
             "val_loss": ["<=", 1.70],

@@ -66,10 +66,9 @@ class GPTConfig:
 
 TINY = GPTConfig(vocab_size=65, block_size=32, n_layers=2, H=2, d_model=32, dropout=0.0)
 """For tests and quick demonstrations."""
-SHAKESPEARE_CPU = GPTConfig(
-    vocab_size=65, block_size=128, n_layers=4, H=4, d_model=192, dropout=0.0
-)
-"""Trains to a validation loss below 1.70 in about two minutes on a 2-core CPU (``bench/lm.py``)."""
+SHAKESPEARE_CPU = GPTConfig(vocab_size=65, block_size=64, n_layers=2, H=4, d_model=128, dropout=0.0)
+"""Sized for a 2-core CPU and a two-minute budget: shallow and narrow, so that many tokens are seen
+(``bench/lm.py`` reports what it reaches; the performance page shows the figures)."""
 SHAKESPEARE_GPU = GPTConfig(
     vocab_size=65, block_size=256, n_layers=6, H=6, d_model=384, dropout=0.2
 )
