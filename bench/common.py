@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -65,5 +66,11 @@ def _commit() -> str:
 
 def report(results: dict) -> None:
     """Print the results as the last line: one JSON object (with the commit and the date added)."""
-    results = {**results, "commit": _commit(), "date": datetime.date.today().isoformat()}
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    results = {
+        **results,
+        "commit": _commit(),
+        "date": datetime.date.today().isoformat(),
+        "load_average_1_5_15min": load,  # other work on the machine slows every timing
+    }
     print(json.dumps(results, sort_keys=True))

@@ -21,7 +21,7 @@ from transformer_course.models import Seq2Seq, Seq2SeqConfig
 from transformer_course.tasks import DateTask
 from transformer_course.train import TrainConfig, train
 
-TRAIN = TrainConfig(max_steps=600, lr=3e-3, warmup_steps=50, weight_decay=0.01, eval_interval=200)
+TRAIN = TrainConfig(max_steps=400, lr=3e-3, warmup_steps=40, weight_decay=0.01, eval_interval=200)
 BATCH = 128
 
 
@@ -35,7 +35,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=TRAIN.max_steps)
     parser.add_argument("--test", type=int, default=2000)
+    parser.add_argument("--budget", type=float, default=60.0, help="training time limit, seconds")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = tc.default_device(args.device)
     tc.seed_everything(0)
     task = DateTask()
@@ -48,7 +52,7 @@ def main() -> None:
         task.vocab_size, task.vocab_size, task.src_len, task.tgt_len, d_model=64, H=4
     )
     model = Seq2Seq(config).to(device)
-    cfg = TrainConfig(**{**TRAIN.__dict__, "max_steps": args.steps, "time_budget_s": 60.0})
+    cfg = TrainConfig(**{**TRAIN.__dict__, "max_steps": args.steps, "time_budget_s": args.budget})
 
     def next_batch(g: torch.Generator):
         i = torch.randint(0, len(src), (BATCH,), generator=g).to(device)

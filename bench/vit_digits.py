@@ -34,12 +34,16 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=TRAIN.max_steps)
     parser.add_argument("--pool", choices=["cls", "mean"], default=MODEL.pool)
+    parser.add_argument("--budget", type=float, default=60.0, help="training time limit, seconds")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = tc.default_device(args.device)
     tc.seed_everything(0)
     X_train, y_train, X_test, y_test = (t.to(device) for t in digits_split())
     model = ViT(ViTConfig(**{**MODEL.__dict__, "pool": args.pool})).to(device)
-    cfg = TrainConfig(**{**TRAIN.__dict__, "max_steps": args.steps, "time_budget_s": 60.0})
+    cfg = TrainConfig(**{**TRAIN.__dict__, "max_steps": args.steps, "time_budget_s": args.budget})
 
     def next_batch(g: torch.Generator):
         i = torch.randint(0, len(X_train), (BATCH,), generator=g).to(device)

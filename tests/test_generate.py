@@ -94,3 +94,17 @@ def test_schedule():
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
     assert lr_at(10, cfg) == pytest.approx(1.0) and lr_at(99, cfg) == pytest.approx(0.1, abs=1e-3)
     assert all(lr_at(t, cfg) >= lr_at(t + 1, cfg) for t in range(10, 99))
+
+
+def test_time_budget_counts_training_time_across_evaluations():
+    torch.manual_seed(0)
+    ids = torch.randint(0, 65, (2000,))
+    model = GPT(TINY)
+
+    def loss_fn(m, batch):
+        return m(*batch)[1]
+
+    cfg = TrainConfig(max_steps=10_000, eval_interval=1, time_budget_s=0.5)
+    hist = train(model, lambda g: get_batch(ids, 32, 4, g), loss_fn, cfg, lambda m: 0.0, False)
+    assert hist.steps_done < 10_000  # evaluating every step must not reset the budget
+    assert 0.5 <= hist.seconds < 5.0

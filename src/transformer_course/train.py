@@ -124,7 +124,8 @@ def train(
         hist.train_loss.append(loss.item())
         hist.lr.append(lr)
         hist.steps_done = step + 1
-        out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t0 > cfg.time_budget_s
+        trained_s = hist.seconds + time.perf_counter() - t0  # evaluation time excluded
+        out_of_time = cfg.time_budget_s is not None and trained_s > cfg.time_budget_s
         last = step == cfg.max_steps - 1 or out_of_time
         if evaluate is not None and ((step + 1) % cfg.eval_interval == 0 or last):
             hist.seconds += time.perf_counter() - t0  # evaluation time is not training time

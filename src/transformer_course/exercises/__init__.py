@@ -148,7 +148,7 @@ class Exercise:
                 )
         if got.dim() >= 2 and got.shape == got.mT.shape and _close(got.mT, expected, self):
             return "off by a transpose: the values are right once transposed."
-        err = (got - expected).abs()
+        err = (got.double() - expected.double()).abs()  # also for bool or integer answers
         idx = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
         return (
             f"values differ from the reference: largest error {err.max():.3g} at index {idx} "
