@@ -80,7 +80,9 @@ def test_layernorm_module_equals_the_reference_formula():
         ln.weight.normal_()
         ln.bias.normal_()
     X = torch.randn(3, 5, 16, dtype=torch.float64) * 4 - 2
-    torch.testing.assert_close(ln(X), layer_norm_reference(X, ln.weight, ln.bias), atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        ln(X), layer_norm_reference(X, ln.weight, ln.bias), atol=1e-12, rtol=0
+    )
 
 
 def test_layernorm_normalises_each_token():
