@@ -34,6 +34,7 @@ def test_every_known_mistake_is_diagnosed(name):
     for explanation, wrong in ex.mistakes.items():
         feedback = check(name, wrong)
         assert not feedback
+        assert feedback.status == "incorrect"
         assert explanation in feedback.message, (explanation, feedback.message)
 
 
