@@ -67,3 +67,10 @@ def test_every_chapter_names_an_existing_lab():
         for lab in re.findall(r"```\{lab\} (\S+)", text):
             assert (ROOT / lab).exists(), f"{page.name} links to missing lab {lab}"
             assert f"lab: {lab}" in text, f"{page.name}: front matter must name the same lab"
+
+
+def test_every_lab_chooses_its_device_through_the_package():
+    """The GPU workflow proves the labs ran on CUDA from the log that tc.default_device() writes."""
+    for lab in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        sources = "".join("".join(c["source"]) for c in json.loads(lab.read_text())["cells"])
+        assert "tc.default_device()" in sources, f"{lab.name} never calls tc.default_device()"
