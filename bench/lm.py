@@ -29,7 +29,7 @@ PRESETS = {
     "cpu": dict(
         model=SHAKESPEARE_CPU,
         train=TrainConfig(
-            max_steps=1200, lr=5e-3, warmup_steps=100, weight_decay=0.1, eval_interval=400
+            max_steps=1600, lr=5e-3, warmup_steps=100, weight_decay=0.1, eval_interval=400
         ),
         batch_size=48,
         budget_s=120.0,
@@ -66,6 +66,13 @@ def main() -> None:
     parser.add_argument("--eval-batches", type=int, default=40)
     parser.add_argument("--new-tokens", type=int, default=500)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--kv-batches",
+        type=int,
+        nargs="*",
+        default=[8, 48],
+        help="also time generation for these numbers of prompts at once",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -112,22 +119,37 @@ def main() -> None:
     for s, v in zip(hist.eval_step, hist.eval_loss, strict=True):
         print(f"  step {s:5d}: val {v:.4f}")
 
+    def time_generation(prompt: torch.Tensor, n_new: int) -> tuple[dict, dict]:
+        timings, outputs = {}, {}
+        for use_cache in (True, False):
+            sync(device)
+            t0 = time.perf_counter()
+            outputs[use_cache] = generate(model, prompt, n_new, greedy=True, use_cache=use_cache)
+            sync(device)
+            timings[use_cache] = time.perf_counter() - t0
+        return timings, outputs
+
     prompt = torch.tensor([tok.encode("\n")], device=device)
-    timings, outputs = {}, {}
-    for use_cache in (True, False):
-        sync(device)
-        t0 = time.perf_counter()
-        outputs[use_cache] = generate(
-            model, prompt, args.new_tokens, greedy=True, use_cache=use_cache
-        )
-        sync(device)
-        timings[use_cache] = time.perf_counter() - t0
+    timings, outputs = time_generation(prompt, args.new_tokens)
     identical = torch.equal(outputs[True], outputs[False])
     speedup = timings[False] / timings[True]
     print(
         f"greedy generation of {args.new_tokens} tokens: cached {timings[True]:.2f} s, "
         f"uncached {timings[False]:.2f} s, speed-up {speedup:.1f}x, identical: {identical}"
     )
+    # One sequence is bound by per-operation overhead on a CPU; with many sequences per step the
+    # uncached path's extra arithmetic shows. Prompts: the first character of held-out windows.
+    by_batch = {}
+    for batch in args.kv_batches:
+        prompts = val_batches[0][0][:batch, :1] if batch <= B else None
+        if prompts is None:
+            continue
+        t, o = time_generation(prompts, args.new_tokens)
+        by_batch[batch] = round(t[False] / t[True], 2)
+        print(
+            f"  batch of {batch:3d} prompts: cached {t[True]:.2f} s, uncached {t[False]:.2f} s, "
+            f"speed-up {by_batch[batch]:.1f}x, identical: {torch.equal(o[True], o[False])}"
+        )
     print("sample:", tok.decode(outputs[True][0, 1:201].tolist()).replace("\n", " / "))
     report(
         {
@@ -143,6 +165,7 @@ def main() -> None:
             "kv_identical": identical,
             "cached_seconds": round(timings[True], 3),
             "uncached_seconds": round(timings[False], 3),
+            "kv_speedup_by_batch": by_batch,
         }
     )
 

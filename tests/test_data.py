@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pathlib
 import urllib.request
 
@@ -66,3 +67,40 @@ def test_split():
     assert tr.tolist() == list(range(9)) and va.tolist() == [9]
     with pytest.raises(ValueError, match="1-D"):
         data.train_val_split(torch.zeros(2, 2))
+
+
+def test_random_affine_is_the_identity_without_a_transform_and_resamples_bilinearly():
+    X = data.digits_split()[0][:16].double()  # (16, 1, 8, 8)
+    torch.testing.assert_close(data.random_affine(X, 0, 0, 0), X, rtol=0, atol=1e-12)
+    # a pure translation by (dx, dy) pixels: output pixel (i, j) is the bilinear interpolation of
+    # the input at (i + dy, j + dx), zeros outside; the shifts are the ones the generator draws
+    out = data.random_affine(X, 0, 0, 1.0, torch.Generator().manual_seed(3))
+    u = torch.rand(len(X), 4, generator=torch.Generator().manual_seed(3), dtype=torch.float32)
+    shifts = (u[:, 2:] * 2 - 1).double()  # (dx, dy) in pixels
+
+    def pixel(img, r, c):
+        return img[r, c] if 0 <= r < 8 and 0 <= c < 8 else 0.0
+
+    for b in (0, 5, 11):
+        dx, dy = shifts[b].tolist()
+        img = X[b, 0]
+        for i in range(8):
+            for j in range(8):
+                y, x = i + dy, j + dx
+                r0, c0 = math.floor(y), math.floor(x)
+                fy, fx = y - r0, x - c0
+                direct = (
+                    (1 - fy) * (1 - fx) * pixel(img, r0, c0)
+                    + (1 - fy) * fx * pixel(img, r0, c0 + 1)
+                    + fy * (1 - fx) * pixel(img, r0 + 1, c0)
+                    + fy * fx * pixel(img, r0 + 1, c0 + 1)
+                )
+                assert abs(out[b, 0, i, j].item() - float(direct)) < 1e-5
+    again = data.random_affine(X, 10, 0.1, 1.0, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(
+        again, data.random_affine(X, 10, 0.1, 1.0, torch.Generator().manual_seed(3))
+    )
+    with pytest.raises(ValueError, match=r"\(B, C, H, W\)"):
+        data.random_affine(X[0], 10)
+    with pytest.raises(ValueError, match="scale"):
+        data.random_affine(X, 10, scale=1.5)

@@ -126,3 +126,16 @@ def test_vit_learns_digits():
         progress=False,
     )
     assert loss_fn(vit.eval(), (X, y)).item() < before - 0.5
+
+
+def test_vit_with_overlapping_patches_and_its_patch_initialisation():
+    config = ViTConfig(patch_size=4, patch_stride=2, d_model=32, H=2, n_layers=1, pool="mean")
+    assert config.n_patches == 16 and config.stride == 2
+    model = ViT(config)
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    w = model.patch.proj.weight  # LeCun normal: std 1/sqrt(C P^2) = 1/4 here
+    assert abs(w.std().item() - 0.25) < 0.03
+    with pytest.raises(ValueError, match="patch_stride=3"):
+        ViTConfig(patch_size=4, patch_stride=3)
+    with pytest.raises(ValueError, match="at most patch_size"):
+        ViTConfig(patch_size=2, patch_stride=4)

@@ -401,3 +401,26 @@ def test_patchify_1d_errors():
         patchify_1d(torch.zeros(2, 10), 5)
     with pytest.raises(ValueError, match="window must be a positive int"):
         patchify_1d(torch.zeros(1, 2, 10), 0)
+
+
+def test_overlapping_patches_match_a_loop_and_a_strided_convolution():
+    images = torch.randn(3, 2, 8, 8, dtype=torch.float64)
+    P, S = 4, 2
+    patches = patchify(images, P, stride=S)  # (B, N, C*P*P)
+    assert patches.shape == (3, 16, 2 * P * P)
+    padded = torch.nn.functional.pad(images, (1, 1, 1, 1))  # (P - S) / 2 zeros on every side
+    for n in range(16):
+        i, j = divmod(n, 4)  # row-major over the 4 x 4 grid of patches
+        window = padded[:, :, S * i : S * i + P, S * j : S * j + P]
+        assert torch.equal(patches[:, n], window.reshape(3, -1))
+    assert torch.equal(patchify(images, 2, stride=2), patchify(images, 2))  # S = P: the ViT's
+    embed = PatchEmbedding(P, 2, 16, stride=S).double()
+    conv = embed.as_conv2d()
+    assert conv.stride == (S, S) and conv.padding == (1, 1)
+    torch.testing.assert_close(conv(images).flatten(2).transpose(1, 2), embed(images))
+    with pytest.raises(ValueError, match="P - S even"):
+        patchify(images, 4, stride=1)
+    with pytest.raises(ValueError, match="stride S <= P"):
+        patchify(images, 2, stride=4)
+    with pytest.raises(ValueError, match="not divisible by stride=2"):
+        patchify(torch.zeros(1, 1, 7, 7), 4, stride=2)

@@ -19,6 +19,7 @@ random-shift augmentation for them.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import pathlib
 import shutil
@@ -34,6 +35,7 @@ __all__ = [
     "cache_dir",
     "digits_split",
     "get_batch",
+    "random_affine",
     "random_shift",
     "tinyshakespeare_path",
     "tinyshakespeare_text",
@@ -185,3 +187,35 @@ def random_shift(
     cols = (dx[:, None] + torch.arange(W)).to(images.device)  # (B, W)
     b = torch.arange(B, device=images.device)[:, None, None]
     return padded.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+
+
+def random_affine(
+    images: Tensor,
+    degrees: float = 10.0,
+    scale: float = 0.1,
+    max_shift: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Rotate each image by a random angle in ``[-degrees, degrees]``, zoom it by a random factor in
+    ``[1 - scale, 1 + scale]`` and translate it by up to ``max_shift`` pixels per axis (any real amount),
+    resampling bilinearly and filling with zeros; a label-preserving augmentation for centred digits.
+    The random numbers are drawn on the CPU from ``generator``, so a seed gives the same images on
+    every device.
+    """
+    if images.dim() != 4:
+        raise ValueError(f"images must be (B, C, H, W), got {tuple(images.shape)}")
+    if degrees < 0 or not 0 <= scale < 1 or max_shift < 0:
+        raise ValueError(
+            f"need degrees >= 0, 0 <= scale < 1 and max_shift >= 0, got {degrees}, {scale}, {max_shift}"
+        )
+    B, _, H, W = images.shape
+    u = torch.rand(B, 4, generator=generator) * 2 - 1  # uniform in [-1, 1): angle, zoom, dx, dy
+    angle = u[:, 0] * math.radians(degrees)
+    zoom = 1 + u[:, 1] * scale
+    cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom  # output -> input coordinates
+    dx, dy = u[:, 2] * max_shift * 2 / W, u[:, 3] * max_shift * 2 / H  # pixels -> [-1, 1] units
+    theta = torch.stack(
+        [torch.stack([cos, -sin, dx], dim=1), torch.stack([sin, cos, dy], dim=1)], dim=1
+    ).to(images.device, images.dtype)  # (B, 2, 3)
+    grid = torch.nn.functional.affine_grid(theta, list(images.shape), align_corners=False)
+    return torch.nn.functional.grid_sample(images, grid, align_corners=False, padding_mode="zeros")

@@ -296,7 +296,11 @@ class Seq2Seq(nn.Module):
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """Sizes of a vision transformer; ``pool`` is ``"cls"`` (a learned CLS token) or ``"mean"``."""
+    """Sizes of a vision transformer; ``pool`` is ``"cls"`` (a learned CLS token) or ``"mean"``.
+
+    ``patch_stride`` ``None`` cuts non-overlapping ``patch_size`` patches (the ViT's); a smaller stride
+    gives overlapping patches (book eq. ``eq-vit-overlap``), e.g. ``patch_size=4, patch_stride=2``.
+    """
 
     image_size: int = 8
     patch_size: int = 2
@@ -307,18 +311,29 @@ class ViTConfig:
     n_layers: int = 4
     dropout: float = 0.1
     pool: str = "cls"
+    patch_stride: int | None = None
 
     def __post_init__(self) -> None:
-        if self.image_size % self.patch_size:
+        stride = self.stride
+        if self.image_size % stride:
+            name = "patch_size" if self.patch_stride is None else "patch_stride"
+            raise ValueError(f"image_size={self.image_size} is not divisible by {name}={stride}")
+        if stride > self.patch_size or (self.patch_size - stride) % 2:
             raise ValueError(
-                f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}"
+                f"patch_stride={stride} must be at most patch_size={self.patch_size}, with an even "
+                "difference (the image is padded by (patch_size - patch_stride) / 2 on each side)"
             )
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"pool must be 'cls' or 'mean', got {self.pool!r}")
 
     @property
+    def stride(self) -> int:
+        """Step between patches: ``patch_stride``, or ``patch_size`` when that is ``None``."""
+        return self.patch_size if self.patch_stride is None else self.patch_stride
+
+    @property
     def n_patches(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
+        return (self.image_size // self.stride) ** 2
 
 
 class ViT(nn.Module):
@@ -334,7 +349,7 @@ class ViT(nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         c = self.config = config
-        self.patch = PatchEmbedding(c.patch_size, c.channels, c.d_model)
+        self.patch = PatchEmbedding(c.patch_size, c.channels, c.d_model, stride=c.patch_stride)
         self.cls = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pool == "cls" else None
         self.pos = LearnedPositionalEmbedding(c.n_patches + (c.pool == "cls"), c.d_model)
         self.drop = nn.Dropout(c.dropout)
@@ -343,6 +358,9 @@ class ViT(nn.Module):
         )
         self.head = nn.Linear(c.d_model, c.n_classes)
         self.apply(_init_weights)
+        # the patch map sees raw pixels, not unit-scale features: LeCun normal, as the ViT's own code
+        # initialises its patch convolution (std 1/sqrt(fan-in), not GPT-2's 0.02)
+        nn.init.normal_(self.patch.proj.weight, std=self.patch.proj.in_features**-0.5)
 
     def tokens(self, images: Tensor) -> Tensor:
         """``X^(0)``: patch embeddings (with the CLS token first) plus learned positions."""

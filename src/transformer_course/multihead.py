@@ -208,6 +208,9 @@ class MultiHeadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         if causal and mask is None and N == M:
             Y = scaled_dot_product_attention(Q, K, V, causal=True, dropout_p=p)  # fused path
+        elif causal and mask is None and N == 1 and Z is None:
+            # one new query at the last position: the causal mask row is all True, so skip it
+            Y = scaled_dot_product_attention(Q, K, V, dropout_p=p)
         else:
             if causal:
                 if Z is not None:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from itertools import pairwise
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
@@ -438,7 +439,7 @@ def _check_patch_size(patch_size: int, name: str = "patch_size") -> int:
     return patch_size
 
 
-def patchify(images: Tensor, patch_size: int) -> Tensor:
+def patchify(images: Tensor, patch_size: int, stride: int | None = None) -> Tensor:
     r"""Cut images into ``P x P`` patches and flatten each, the ``vec`` of Turner fig. 2.
 
     .. math:: \text{row } n \text{ of the output} = \operatorname{vec}(\text{patch}_n)
@@ -447,17 +448,24 @@ def patchify(images: Tensor, patch_size: int) -> Tensor:
     Args:
         images: ``(B, C, H, W)``, ``H`` and ``W`` multiples of ``P``.
         patch_size: ``P``.
+        stride: ``S``, the step between patches; ``None`` means ``S = P`` (non-overlapping patches,
+            the ViT's). With ``S < P`` the patches overlap (book eq. ``eq-vit-overlap``): the image
+            is padded with ``(P - S) / 2`` zeros on every side and patch ``(i, j)`` starts at pixel
+            ``(S i, S j)`` of the padded image, so ``N = (H / S) * (W / S)`` as with ``P = S``.
 
     Returns:
-        ``(B, N, C*P*P)`` with ``N = (H/P) * (W/P)``. Patches are in row-major order (left to right
+        ``(B, N, C*P*P)`` with ``N = (H/S) * (W/S)``. Patches are in row-major order (left to right
         along the top row of patches, then the next row down); each patch is flattened in
         ``(C, P, P)`` order, channel first, then pixel row, then pixel column.
 
     Raises:
         ValueError: for a 3-D image (add the batch dimension with ``unsqueeze(0)``), any other
-            number of dimensions, or ``H``/``W`` not divisible by ``P``.
+            number of dimensions, ``H``/``W`` not divisible by ``S``, or ``P - S`` odd or negative.
     """
     P = _check_patch_size(patch_size)
+    S = P if stride is None else _check_patch_size(stride, "stride")
+    if S != P:
+        return _overlapping_patches(images, P, S)
     if not isinstance(images, Tensor):
         raise TypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
     if images.dim() == 3:
@@ -476,6 +484,23 @@ def patchify(images: Tensor, patch_size: int) -> Tensor:
     x = images.reshape(B, C, H // P, P, W // P, P)  # (B, C, rows of patches, P, cols, P)
     x = x.permute(0, 2, 4, 1, 3, 5)  # (B, H/P, W/P, C, P, P)
     return x.reshape(B, (H // P) * (W // P), C * P * P)
+
+
+def _overlapping_patches(images: Tensor, P: int, S: int) -> Tensor:
+    if S > P or (P - S) % 2:
+        raise ValueError(
+            f"overlapping patches need a stride S <= P with P - S even (the padding (P - S) / 2 "
+            f"is split evenly), got patch_size={P}, stride={S}"
+        )
+    if not isinstance(images, Tensor) or images.dim() != 4:
+        got = _shape(images) if isinstance(images, Tensor) else type(images).__name__
+        raise ValueError(f"images has shape {got}; patchify takes (B, C, H, W)")
+    H, W = images.shape[-2:]
+    if H % S or W % S:
+        raise ValueError(f"image size H x W = {H} x {W} is not divisible by stride={S}")
+    pad = (P - S) // 2
+    cols = F.unfold(images, kernel_size=P, stride=S, padding=pad)  # (B, C*P*P, N), vec in (C, P, P)
+    return cols.transpose(1, 2)  # (B, N, C*P*P), patches row-major
 
 
 def patchify_1d(series: Tensor, window: int) -> Tensor:
@@ -561,11 +586,21 @@ class PatchEmbedding(nn.Module):
         channels: ``C``, e.g. 3 for RGB.
         d_model: width of each token.
         bias: whether to add ``b``.
+        stride: ``S`` of :func:`patchify`; ``None`` (the ViT's choice) gives non-overlapping
+            patches, a smaller ``S`` overlapping ones (book eq. ``eq-vit-overlap``).
     """
 
-    def __init__(self, patch_size: int, channels: int, d_model: int, bias: bool = True) -> None:
+    def __init__(
+        self,
+        patch_size: int,
+        channels: int,
+        d_model: int,
+        bias: bool = True,
+        stride: int | None = None,
+    ) -> None:
         super().__init__()
         self.patch_size = _check_patch_size(patch_size)
+        self.stride = self.patch_size if stride is None else _check_patch_size(stride, "stride")
         self.channels = channels
         self.d_model = d_model
         # nn.Linear stores W as (out, in) = (d_model, C*P*P) and computes x @ W^T + b.
@@ -583,20 +618,21 @@ class PatchEmbedding(nn.Module):
                 f"images has shape {_shape(images)} with C={images.shape[1]} channels but this "
                 f"PatchEmbedding was built for channels={self.channels}"
             )
-        return self.proj(patchify(images, self.patch_size))  # (B, N, C*P*P) @ W^T + b
+        return self.proj(patchify(images, self.patch_size, self.stride))  # (B, N, C*P*P) @ W^T + b
 
     def as_conv2d(self) -> nn.Conv2d:
-        """The same map as a convolution with ``kernel_size = stride = P`` (weights copied).
+        """The same map as a convolution with ``kernel_size = P`` and ``stride = S`` (weights copied).
 
         ``conv(images).flatten(2).transpose(1, 2)`` equals ``self(images)``: a strided convolution
-        applies one linear map to each non-overlapping patch, which is how ViTs are usually coded.
+        applies one linear map to each patch, which is how ViTs are usually coded.
         """
-        P, w = self.patch_size, self.proj.weight
+        P, S, w = self.patch_size, self.stride, self.proj.weight
         conv = nn.Conv2d(
             self.channels,
             self.d_model,
             kernel_size=P,
-            stride=P,
+            stride=S,
+            padding=(P - S) // 2,
             bias=self.proj.bias is not None,
             device=w.device,
             dtype=w.dtype,
@@ -608,4 +644,5 @@ class PatchEmbedding(nn.Module):
         return conv
 
     def extra_repr(self) -> str:
-        return f"patch_size={self.patch_size}, channels={self.channels}, d_model={self.d_model}"
+        overlap = f", stride={self.stride}" if self.stride != self.patch_size else ""
+        return f"patch_size={self.patch_size}{overlap}, channels={self.channels}, d_model={self.d_model}"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain text bar: no ipywidgets needed in notebooks
 
 __all__ = ["History", "TrainConfig", "lr_at", "make_optimizer", "train"]
 
