@@ -57,8 +57,10 @@ def _commit() -> str:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src", "bench"], capture_output=True, text=True
-        )
+            ["git", "status", "--porcelain", "--", "src", "bench", ":!bench/results"],
+            capture_output=True,
+            text=True,
+        )  # code changes only: the results being written by this run do not count
         return done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -90,9 +90,11 @@ def generate(
     s = window_start(idx.shape[1], C)
     caches = model.new_caches() if use_cache else None
     logits = model(idx[:, s:], caches=caches)[0][:, -1]  # (B, V)
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         chosen_logits.append(logits)
         idx = torch.cat([idx, next_token(logits, temperature, top_k, greedy, generator)], dim=1)
+        if step == max_new_tokens - 1:
+            break  # the last token is chosen: no need to run the model on it
         T = idx.shape[1]
         s_new = window_start(T, C)
         if use_cache and s_new == s:

@@ -300,6 +300,8 @@ class ViTConfig:
 
     ``patch_stride`` ``None`` cuts non-overlapping ``patch_size`` patches (the ViT's); a smaller stride
     gives overlapping patches (book eq. ``eq-vit-overlap``), e.g. ``patch_size=4, patch_stride=2``.
+    ``patch_init`` is ``"gpt2"`` (the patch map drawn from N(0, 0.02^2) like every other weight) or
+    ``"lecun"`` (N(0, 1 / (C P^2)), as the ViT authors' code initialises it; book eq. ``eq-vit-init``).
     """
 
     image_size: int = 8
@@ -312,6 +314,7 @@ class ViTConfig:
     dropout: float = 0.1
     pool: str = "cls"
     patch_stride: int | None = None
+    patch_init: str = "gpt2"
 
     def __post_init__(self) -> None:
         stride = self.stride
@@ -325,6 +328,8 @@ class ViTConfig:
             )
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"pool must be 'cls' or 'mean', got {self.pool!r}")
+        if self.patch_init not in ("gpt2", "lecun"):
+            raise ValueError(f"patch_init must be 'gpt2' or 'lecun', got {self.patch_init!r}")
 
     @property
     def stride(self) -> int:
@@ -358,9 +363,10 @@ class ViT(nn.Module):
         )
         self.head = nn.Linear(c.d_model, c.n_classes)
         self.apply(_init_weights)
-        # the patch map sees raw pixels, not unit-scale features: LeCun normal, as the ViT's own code
-        # initialises its patch convolution (std 1/sqrt(fan-in), not GPT-2's 0.02)
-        nn.init.normal_(self.patch.proj.weight, std=self.patch.proj.in_features**-0.5)
+        if (
+            c.patch_init == "lecun"
+        ):  # book eq. eq-vit-init: std 1/sqrt(C P^2), the ViT code's choice
+            nn.init.normal_(self.patch.proj.weight, std=self.patch.proj.in_features**-0.5)
 
     def tokens(self, images: Tensor) -> Tensor:
         """``X^(0)``: patch embeddings (with the CLS token first) plus learned positions."""
