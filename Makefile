@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: book test venv lint format sync labs check-python bench browser clean
+.PHONY: book test venv lint format sync labs check-python bench ablate browser clean
 
 check-python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: '$(PYTHON)' was not found. Install Python 3.10 or newer, or run: make PYTHON=/path/to/python3.x"; exit 1; }
@@ -67,6 +67,16 @@ bench: $(STAMP)  ## run every benchmark; results go to bench/results/<device>/<n
 	@set -o pipefail; for b in $(BENCHES); do echo "== bench/$$b.py --device $(BENCH_DEVICE)"; \
 	  $(BIN)/python bench/$$b.py --device $(BENCH_DEVICE) | tee bench/results/$(BENCH_DEVICE)/$$b.log || exit 1; \
 	  tail -n 1 bench/results/$(BENCH_DEVICE)/$$b.log > bench/results/$(BENCH_DEVICE)/$$b.json; done
+
+ABLATIONS := none overlap init mixup augment
+ABLATION_SEEDS := 0 1
+
+ablate: $(STAMP)  ## the ViT recipe with each part left out (two seeds); read by the vision chapter
+	@mkdir -p bench/results/$(BENCH_DEVICE)/ablations
+	@set -o pipefail; for a in $(ABLATIONS); do for s in $(ABLATION_SEEDS); do \
+	  out=bench/results/$(BENCH_DEVICE)/ablations/vit_digits-$$a-seed$$s; echo "== $$out"; \
+	  $(BIN)/python bench/vit_digits.py --device $(BENCH_DEVICE) --ablate $$a --seed $$s > $$out.log || exit 1; \
+	  tail -n 1 $$out.log > $$out.json; tail -n 1 $$out.log | cut -c1-160; done; done
 
 clean:
 	rm -rf _build

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from transformer_course.data import get_batch
-from transformer_course.generate import generate, generate_text, next_token, window_start
+from transformer_course.generate import (
+    generate,
+    generate_text,
+    next_token,
+    positions_processed,
+    window_start,
+)
 from transformer_course.models import GPT, TINY
 from transformer_course.tokens import CharTokenizer
 from transformer_course.train import TrainConfig, lr_at, train
@@ -108,3 +114,19 @@ def test_time_budget_counts_training_time_across_evaluations():
     hist = train(model, lambda g: get_batch(ids, 32, 4, g), loss_fn, cfg, lambda m: 0.0, False)
     assert hist.steps_done < 10_000  # evaluating every step must not reset the budget
     assert 0.5 <= hist.seconds < 5.0
+
+
+@pytest.mark.parametrize(
+    "prompt_len,new,use_cache", [(1, 150, True), (1, 150, False), (40, 70, True), (5, 1, False)]
+)
+def test_positions_processed_counts_what_generate_runs(prompt_len, new, use_cache):
+    model = GPT(TINY).eval()  # context 32: the window jumps several times
+    seen = []
+    hook = model.tok_emb.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[1]))
+    idx = torch.zeros(1, prompt_len, dtype=torch.long)
+    generate(model, idx, new, greedy=True, use_cache=use_cache)
+    hook.remove()
+    assert sum(seen) == positions_processed(prompt_len, new, TINY.block_size, use_cache)
+    assert len(seen) == new  # one call per new token: the last token is never fed back
+    with pytest.raises(ValueError, match="prompt_len"):
+        positions_processed(0, 3, 8, True)

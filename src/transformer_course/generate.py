@@ -20,7 +20,7 @@ from torch import Tensor
 from .models import GPT
 from .tokens import CharTokenizer
 
-__all__ = ["generate", "generate_text", "next_token", "window_start"]
+__all__ = ["generate", "generate_text", "next_token", "positions_processed", "window_start"]
 
 
 def window_start(T: int, block_size: int) -> int:
@@ -30,6 +30,28 @@ def window_start(T: int, block_size: int) -> int:
         return 0
     jump = max(1, block_size // 2)
     return -(-(T - block_size) // jump) * jump  # ceil((T - block_size) / jump) * jump
+
+
+def positions_processed(
+    prompt_len: int, max_new_tokens: int, block_size: int, use_cache: bool
+) -> int:
+    """How many token positions :func:`generate` pushes through the model, per sequence.
+
+    Uncached, every call runs the whole visible window; cached, one new token, except for a rebuild of
+    the window when :func:`window_start` jumps. The ratio of the two counts is the cache's saving in
+    the per-token matrix products (book chapter *Autoregressive language models*).
+    """
+    if prompt_len < 1 or max_new_tokens < 0:
+        raise ValueError(
+            f"need prompt_len >= 1 and max_new_tokens >= 0, got {prompt_len}, {max_new_tokens}"
+        )
+    s = window_start(prompt_len, block_size)
+    total = prompt_len - s  # the prompt's forward pass
+    for T in range(prompt_len + 1, prompt_len + max_new_tokens):  # no call after the last token
+        s_new = window_start(T, block_size)
+        total += 1 if use_cache and s_new == s else T - s_new
+        s = s_new
+    return total
 
 
 def next_token(
