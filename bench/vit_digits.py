@@ -38,6 +38,7 @@ MODEL = ViTConfig(
     image_size=8,
     patch_size=4,
     patch_stride=2,
+    patch_init="lecun",
     d_model=64,
     H=4,
     n_layers=2,

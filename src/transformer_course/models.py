@@ -363,9 +363,7 @@ class ViT(nn.Module):
         )
         self.head = nn.Linear(c.d_model, c.n_classes)
         self.apply(_init_weights)
-        if (
-            c.patch_init == "lecun"
-        ):  # book eq. eq-vit-init: std 1/sqrt(C P^2), the ViT code's choice
+        if c.patch_init == "lecun":  # book eq. eq-vit-init: std 1/sqrt(C P^2), as the ViT's code
             nn.init.normal_(self.patch.proj.weight, std=self.patch.proj.in_features**-0.5)
 
     def tokens(self, images: Tensor) -> Tensor:
