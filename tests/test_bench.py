@@ -1,0 +1,69 @@
+"""The benchmark scripts run end to end and end with one JSON line holding their targets' keys.
+
+Only the plumbing is tested here, with a handful of steps; the figures themselves are measured by
+`make bench` on an idle machine (timing is never part of the test suite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from transformer_course import data
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_bench(script: str, *args: str) -> tuple[dict, str]:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])  # the last line is one JSON object
+    for key in ("targets", "machine", "commit", "date", "device", "load_average_1_5_15min"):
+        assert key in result, f"{script}: no {key!r} in {result}"
+    for key, (op, _) in result["targets"].items():
+        assert key in result and op in ("<=", ">=", "=="), (script, key)
+    return result, done.stdout
+
+
+def test_attention_bench():
+    r, _ = run_bench(
+        "attention.py", "--repeats", "2", "--B", "2", "--N", "16", "--D", "32", "--H", "4"
+    )
+    assert r["mhsa_vs_torch_ratio"] > 0
+
+
+def test_seq2seq_bench():
+    r, _ = run_bench("seq2seq.py", "--steps", "3", "--test", "20")
+    assert 0 <= r["exact_match"] <= 1 and r["steps"] == 3
+
+
+@pytest.mark.parametrize("ablate", ["none", "overlap", "init", "mixup", "augment"])
+def test_vit_bench_and_its_ablations(ablate):
+    r, printed = run_bench("vit_digits.py", "--steps", "3", "--ablate", ablate)
+    assert 0 <= r["test_accuracy"] <= 1 and r["steps"] == 3
+    assert r["ablation"].startswith("none") == (ablate == "none")
+    model_line = next(line for line in printed.splitlines() if line.startswith("model: "))
+    assert ("patch_init='gpt2'" in model_line) == (ablate == "init"), model_line
+    assert ("patch_stride=2" in model_line) == (ablate != "overlap"), model_line
+
+
+def test_lm_bench():
+    try:
+        data.tinyshakespeare_path(download=False)
+    except FileNotFoundError:
+        pytest.skip("no local copy of tiny-shakespeare (set TRANSFORMER_COURSE_DATA)")
+    r, _ = run_bench(
+        "lm.py", "--steps", "3", "--eval-batches", "2", "--new-tokens", "20", "--kv-batches", "4"
+    )
+    assert r["kv_identical"] is True and set(r["kv_speedup_by_batch"]) == {"4"}
