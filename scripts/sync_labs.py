@@ -116,7 +116,14 @@ def execute(path: pathlib.Path) -> None:
     NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}
     ).execute()
+    strip_timestamps(nb)
     nbformat.write(nb, path)
+
+
+def strip_timestamps(nb: nbformat.NotebookNode) -> None:
+    """Drop the execution timestamps nbclient records, so that re-running a lab changes only outputs."""
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
 
 
 def main(argv: list[str] | None = None) -> int:
