@@ -130,3 +130,12 @@ def test_positions_processed_counts_what_generate_runs(prompt_len, new, use_cach
     assert len(seen) == new  # one call per new token: the last token is never fed back
     with pytest.raises(ValueError, match="prompt_len"):
         positions_processed(0, 3, 8, True)
+
+
+def test_zero_new_tokens_returns_the_prompt_and_negative_is_an_error():
+    model = GPT(TINY).eval()
+    idx = torch.zeros(2, 3, dtype=torch.long)
+    out, logits = generate(model, idx, 0, greedy=True, return_logits=True)
+    assert torch.equal(out, idx) and logits.shape == (2, 0, TINY.vocab_size)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, idx, -1)

@@ -105,6 +105,11 @@ def generate(
         raise ValueError(
             f"idx must be (B, T) with at least one token, got shape {tuple(idx.shape)}"
         )
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if max_new_tokens == 0:
+        empty = idx.new_zeros(idx.shape[0], 0, model.config.vocab_size, dtype=torch.float32)
+        return (idx, empty) if return_logits else idx
     was_training = model.training
     model.eval()
     C = model.config.block_size
