@@ -102,8 +102,16 @@ def test_math_renders_offline(page, site, tmp_path):
 def test_search_works_offline(page, site):
     page.goto(f"{site}/search.html?q=softmax", wait_until="load")
     page.wait_for_selector("ul.search li", timeout=20_000)
-    hits = page.locator("ul.search li a").all_inner_texts()
-    assert any("Notation" in h for h in hits), hits
+    # Sphinx appends the hits one by one; wait for the notation page rather than reading the list early
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector("ul.search li a:has-text('Notation')", timeout=20_000)
+    except PlaywrightTimeout:  # report what the search did find
+        hits = page.locator("ul.search li a").all_inner_texts()
+        raise AssertionError(
+            f"searching 'softmax' did not list the notation page: {hits}"
+        ) from None
     assert _needed(page.blocked) == []
 
 
