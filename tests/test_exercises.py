@@ -28,6 +28,18 @@ def test_every_reference_solution_passes_its_checker(name):
     assert feedback.status == "correct"
 
 
+@pytest.mark.parametrize("name", list_exercises("ed.") + list_exercises("lm."))
+def test_mistakes_differ_from_the_solution_on_every_trial(name):
+    """A mistake that equals the solution on some input would let a wrong answer pass that trial."""
+    ex = tc.exercises._get(name)
+    for trial in range(ex.trials):
+        args = ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
+        expected = ex.solution(*args)
+        for explanation, wrong in ex.mistakes.items():
+            got = torch.as_tensor(wrong(*args)).to(expected.dtype)
+            assert got.shape != expected.shape or not torch.allclose(got, expected), explanation
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_every_known_mistake_is_diagnosed(name):
     ex = tc.exercises._get(name)

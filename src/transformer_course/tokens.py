@@ -464,8 +464,6 @@ def patchify(images: Tensor, patch_size: int, stride: int | None = None) -> Tens
     """
     P = _check_patch_size(patch_size)
     S = P if stride is None else _check_patch_size(stride, "stride")
-    if S != P:
-        return _overlapping_patches(images, P, S)
     if not isinstance(images, Tensor):
         raise TypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
     if images.dim() == 3:
@@ -475,6 +473,8 @@ def patchify(images: Tensor, patch_size: int, stride: int | None = None) -> Tens
         )
     if images.dim() != 4:
         raise ValueError(f"images has shape {_shape(images)}; patchify takes (B, C, H, W)")
+    if S != P:
+        return _overlapping_patches(images, P, S)
     B, C, H, W = images.shape
     if H % P or W % P:
         raise ValueError(
@@ -492,9 +492,6 @@ def _overlapping_patches(images: Tensor, P: int, S: int) -> Tensor:
             f"overlapping patches need a stride S <= P with P - S even (the padding (P - S) / 2 "
             f"is split evenly), got patch_size={P}, stride={S}"
         )
-    if not isinstance(images, Tensor) or images.dim() != 4:
-        got = _shape(images) if isinstance(images, Tensor) else type(images).__name__
-        raise ValueError(f"images has shape {got}; patchify takes (B, C, H, W)")
     H, W = images.shape[-2:]
     if H % S or W % S:
         raise ValueError(f"image size H x W = {H} x {W} is not divisible by stride={S}")
