@@ -1,222 +1,273 @@
-"""Attention: hand-computed cases, reference vs efficient vs torch, masks, bad input."""
+"""Convolution as attention: the Toeplitz matrix equals F.conv1d, by loop and by PyTorch."""
 
 from __future__ import annotations
 
-import math
-
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import transformer_course as tc
+import transformer_course.attention as attention
 from transformer_course.attention import (
-    attention_weights,
-    scaled_dot_product_attention,
-    scaled_dot_product_attention_reference,
-    self_attention,
-    self_attention_reference,
+    constraint_violations,
+    convolution_as_attention,
+    convolve_tokens,
+    moving_average_kernel,
+)
+from transformer_course.exercises import check, list_exercises
+
+# ----------------------------------------------------------------------------------------------
+# from test_attention.py
+
+pytestmark = pytest.mark.filterwarnings(
+    # F.conv1d(padding="same") warns that an even kernel needs a padded copy of the input: harmless.
+    "ignore:Using padding='same' with even kernel lengths:UserWarning"
 )
 
-TOL = {torch.float64: dict(atol=1e-10, rtol=0), torch.float32: dict(atol=1e-5, rtol=0)}
 
-
-def loop_attention(Q, K, V, mask=None):
-    """Direct evaluation of Y_n = sum_m A_nm v_m with A_nm = exp(s_nm) / sum_m' exp(s_nm'), by loops."""
-    N, M, d_k = Q.shape[0], K.shape[0], Q.shape[1]
-    Y = torch.zeros(N, V.shape[1], dtype=Q.dtype)
+def loop_matrix(kernel, N, padding):
+    """A[n, m] by its definition: add k_j wherever tap j of output n reads input m."""
+    K, c = len(kernel), (len(kernel) - 1) // 2
+    A = torch.zeros(N, N, dtype=kernel.dtype)
     for n in range(N):
-        allowed = [m for m in range(M) if mask is None or mask[n, m]]
-        if not allowed:
-            continue
-        s = {m: float(Q[n] @ K[m]) / math.sqrt(d_k) for m in allowed}
-        z = sum(math.exp(v) for v in s.values())
-        for m in allowed:
-            Y[n] += math.exp(s[m]) / z * V[m]
-    return Y
+        for j in range(K):
+            p = n + j - c
+            if padding == "circular":
+                p %= N
+            elif padding == "replicate":
+                p = min(max(p, 0), N - 1)
+            elif not 0 <= p < N:
+                continue
+            A[n, p] += kernel[j]
+    return A
 
 
-def test_hand_computed_two_tokens():
-    # Two orthogonal keys; query aligned with the first: scores (2/sqrt2, 0) -> weights by hand.
-    Q = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
-    K = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
-    V = torch.tensor([[10.0, 0.0], [0.0, 10.0]], dtype=torch.float64)
-    a = math.exp(math.sqrt(2)) / (math.exp(math.sqrt(2)) + 1.0)
-    A = attention_weights(Q, K)
-    torch.testing.assert_close(A, torch.tensor([[a, 1 - a]], dtype=torch.float64))
-    Y = scaled_dot_product_attention_reference(Q, K, V)
-    torch.testing.assert_close(Y, torch.tensor([[10 * a, 10 * (1 - a)]], dtype=torch.float64))
+def conv1d_columns(X, kernel, padding):
+    """PyTorch's own layer on each column of X (N, D): channels = features, same kernel for each."""
+    K = kernel.numel()
+    x = X.T.unsqueeze(1)  # (D, 1, N): one sequence per feature column
+    if padding == "zeros":
+        y = F.conv1d(x, kernel.view(1, 1, K), padding="same")
+    else:  # nn.Conv1d with padding_mode="circular"/"replicate" and padding="same"
+        conv = torch.nn.Conv1d(1, 1, K, padding="same", padding_mode=padding, bias=False)
+        conv = conv.to(X.dtype)
+        with torch.no_grad():
+            conv.weight.copy_(kernel.view(1, 1, K))
+            y = conv(x)
+    return y.squeeze(1).T  # (N, D)
 
 
-def test_equal_scores_give_uniform_average():
-    X = torch.arange(12.0, dtype=torch.float64).reshape(4, 3)
-    Q = torch.zeros(4, 2, dtype=torch.float64)  # all scores 0 -> A = 1/M everywhere
-    K = torch.randn(4, 2, dtype=torch.float64)
-    Y = scaled_dot_product_attention(Q, K, X)
-    torch.testing.assert_close(Y, X.mean(0, keepdim=True).expand(4, 3))
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("shape", [(5, 5, 3, 4), (1, 7, 8, 2), (6, 2, 4, 4)])
-@pytest.mark.parametrize("masked", [False, True])
-def test_reference_matches_loops(dtype, shape, masked, gen):
-    N, M, d_k, d_v = shape
-    Q, K = (torch.randn(n, d_k, generator=gen, dtype=dtype) for n in (N, M))
-    V = torch.randn(M, d_v, generator=gen, dtype=dtype)
-    mask = torch.rand(N, M, generator=gen) < 0.6 if masked else None
-    Y = scaled_dot_product_attention_reference(Q, K, V, mask)
-    torch.testing.assert_close(
-        Y, loop_attention(Q.double(), K.double(), V.double(), mask).to(dtype), **TOL[dtype]
-    )
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("batch", [(), (1,), (3,), (2, 4)])
-@pytest.mark.parametrize("mask_kind", [None, "causal", "random", "random-batched"])
-@pytest.mark.parametrize("NM", [(1, 1), (6, 6), (5, 9)])
-def test_reference_efficient_and_torch_agree(dtype, batch, mask_kind, NM, gen):
-    N, M = NM
-    d_k, d_v = 8, 5
-    Q = torch.randn(*batch, N, d_k, generator=gen, dtype=dtype)
-    K = torch.randn(*batch, M, d_k, generator=gen, dtype=dtype)
-    V = torch.randn(*batch, M, d_v, generator=gen, dtype=dtype)
-    mask = None
-    if mask_kind == "causal":
-        mask = torch.ones(N, M, dtype=torch.bool).tril()
-    elif mask_kind == "random":
-        mask = torch.rand(N, M, generator=gen) < 0.7
-        mask[:, 0] = True  # keep every row attendable so torch's own result is defined
-    elif mask_kind == "random-batched":
-        mask = torch.rand(*batch, N, M, generator=gen) < 0.7
-        mask[..., 0] = True
-    ref = scaled_dot_product_attention_reference(Q, K, V, mask)
-    eff = scaled_dot_product_attention(Q, K, V, mask)
-    torch.testing.assert_close(eff, ref, **TOL[dtype])
-    if mask is not None and mask.dim() == 2 and batch:
-        mask = mask.expand(*batch, N, M)
-    torch.testing.assert_close(
-        ref, F.scaled_dot_product_attention(Q, K, V, attn_mask=mask), **TOL[dtype]
-    )
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_self_attention_reference_vs_efficient(dtype, gen):
-    X = torch.randn(3, 7, 16, generator=gen, dtype=dtype)
-    W_q, W_k = (torch.randn(16, 4, generator=gen, dtype=dtype) for _ in range(2))
-    W_v = torch.randn(16, 6, generator=gen, dtype=dtype)
-    causal = torch.ones(7, 7, dtype=torch.bool).tril()
-    for mask in (None, causal):
-        ref = self_attention_reference(X, W_q, W_k, W_v, mask)
-        assert ref.shape == (3, 7, 6)
-        torch.testing.assert_close(self_attention(X, W_q, W_k, W_v, mask), ref, **TOL[dtype])
-        expected = torch.stack(
-            [
-                loop_attention(x @ W_q.double(), x @ W_k.double(), x @ W_v.double(), mask)
-                for x in X.double()
-            ]
-        ).to(dtype)
-        torch.testing.assert_close(ref, expected, **TOL[dtype])
-
-
-def test_weights_are_row_stochastic_and_masked_entries_are_zero(gen):
-    Q, K = torch.randn(6, 4, generator=gen), torch.randn(9, 4, generator=gen)
-    mask = torch.rand(6, 9, generator=gen) < 0.5
-    mask[:, 3] = True
-    A = attention_weights(Q, K, mask)
-    assert (A >= 0).all()
-    torch.testing.assert_close(A.sum(-1), torch.ones(6))
-    assert (A[~mask] == 0).all()
-
-
-def test_orthogonal_inputs_give_identity_in_the_limit():
-    # Bishop ex. 3: with X X^T = c I and no scale, A = softmax(c I) -> I as c grows.
-    X = 30.0 * torch.eye(5, dtype=torch.float64)
-    A = attention_weights(X, X, scale=1.0)
-    torch.testing.assert_close(A, torch.eye(5, dtype=torch.float64), atol=1e-12, rtol=0)
-    torch.testing.assert_close(
-        scaled_dot_product_attention(X, X, X, scale=1.0), X, atol=1e-9, rtol=0
-    )
+SIZES = [(1, 5), (2, 6), (3, 7), (4, 7), (5, 5), (6, 9), (7, 4)]  # (K, N): odd and even kernels
 
 
 @pytest.mark.parametrize(
-    "fn", [scaled_dot_product_attention_reference, scaled_dot_product_attention]
+    ("K", "N", "padding"),
+    [(K, N, p) for K, N in SIZES for p in attention.PADDINGS if p != "circular" or K <= N],
 )
-def test_fully_masked_rows_give_zeros_not_nan(fn, gen):
-    Q = torch.randn(2, 4, 3, generator=gen, requires_grad=True)
-    K = torch.randn(2, 5, 3, generator=gen)
-    V = torch.randn(2, 5, 2, generator=gen)
-    mask = torch.ones(2, 4, 5, dtype=torch.bool)
-    mask[0, 1] = False  # query 1 of batch 0 may attend to nothing
-    Y = fn(Q, K, V, mask)
-    assert torch.isfinite(Y).all()
-    assert (Y[0, 1] == 0).all()
-    Y.sum().backward()
-    assert torch.isfinite(Q.grad).all()
-    assert attention_weights(Q, K, mask)[0, 1].abs().sum() == 0
+def test_matrix_equals_conv1d_and_loop(K, N, padding, gen):
+    kernel = torch.randn(K, generator=gen, dtype=torch.float64)
+    X = torch.randn(N, 3, generator=gen, dtype=torch.float64)  # three channels as columns
+    A = convolution_as_attention(kernel, N, padding)
+    torch.testing.assert_close(A, loop_matrix(kernel, N, padding), atol=1e-12, rtol=0)
+    if padding == "zeros" or K <= N:  # PyTorch's circular/replicate pad needs pad < N
+        torch.testing.assert_close(A @ X, conv1d_columns(X, kernel, padding), atol=1e-12, rtol=0)
+    torch.testing.assert_close(convolve_tokens(X, kernel, padding), A @ X, atol=1e-12, rtol=0)
 
 
-def test_gradients_agree(gen):
-    args = [
-        torch.randn(2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
-        for _ in range(3)
-    ]
-    mask = torch.ones(5, 5, dtype=torch.bool).tril()
-    g_ref = torch.autograd.grad(
-        scaled_dot_product_attention_reference(*args, mask).square().sum(), args
+def test_hand_computed_odd_and_even():
+    A3 = convolution_as_attention(torch.tensor([1.0, 2.0, 3.0]), 4)
+    expected3 = torch.tensor(
+        [[2.0, 3.0, 0.0, 0.0], [1.0, 2.0, 3.0, 0.0], [0.0, 1.0, 2.0, 3.0], [0.0, 0.0, 1.0, 2.0]]
     )
-    g_eff = torch.autograd.grad(scaled_dot_product_attention(*args, mask).square().sum(), args)
-    for a, b in zip(g_ref, g_eff, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    assert torch.equal(A3, expected3)
+    # even K = 2: centre c = 0, output n reads inputs n and n + 1 (PyTorch pads on the right)
+    A2 = convolution_as_attention([1.0, 2.0], 3)
+    assert torch.equal(A2, torch.tensor([[1.0, 2.0, 0.0], [0.0, 1.0, 2.0], [0.0, 0.0, 1.0]]))
+
+
+def test_toeplitz_and_turner_index():
+    # every diagonal is constant, and Turner's A_T[n', n] = A[n, n'] depends on n' - n only
+    kernel = torch.arange(1.0, 6.0)
+    N, c = 8, 2
+    A = convolution_as_attention(kernel, N)
+    A_turner = A.T
+    for n_prime in range(N):
+        for n in range(N):
+            j = n_prime - n + c
+            expected = kernel[j] if 0 <= j < 5 else 0.0
+            assert A_turner[n_prime, n] == expected
+
+
+def test_is_cross_correlation_not_flipped_convolution():
+    # numpy.convolve flips the kernel; the attention matrix (like conv1d) does not.
+    kernel = np.array([1.0, 2.0, 5.0])
+    x = np.arange(7.0) ** 2
+    y = (convolution_as_attention(torch.from_numpy(kernel), 7) @ torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(y, np.convolve(x, kernel[::-1], mode="same"))
+    assert not np.allclose(y, np.convolve(x, kernel, mode="same"))
+
+
+def test_batched_convolve_tokens(gen):
+    X = torch.randn(2, 3, 6, 4, generator=gen, dtype=torch.float64)  # (B1, B2, N, D)
+    kernel = torch.randn(3, generator=gen, dtype=torch.float64)
+    A = convolution_as_attention(kernel, 6)
+    torch.testing.assert_close(convolve_tokens(X, kernel), A @ X, atol=1e-12, rtol=0)
+
+
+def test_moving_average_rows_and_paddings():
+    N, w = 7, 3
+    k = moving_average_kernel(w, dtype=torch.float64)
+    assert torch.allclose(k.sum(), torch.tensor(1.0, dtype=torch.float64)) and (k > 0).all()
+    zeros = convolution_as_attention(k, N, "zeros")
+    # interior rows average w tokens; the two end rows lose one tap each
+    torch.testing.assert_close(zeros.sum(1)[1:-1], torch.ones(N - 2, dtype=torch.float64))
+    torch.testing.assert_close(zeros.sum(1)[[0, -1]], torch.full((2,), 2 / 3, dtype=torch.float64))
+    assert (
+        len(constraint_violations(zeros)) == 1 and "2 of 7 rows" in constraint_violations(zeros)[0]
+    )
+    for padding in ("circular", "replicate"):
+        A = convolution_as_attention(k, N, padding)
+        assert constraint_violations(A) == []  # valid attention weights
+
+
+def test_toeplitz_rows_sum_to_one_only_when_circulant(gen):
+    # Row n minus row n-1 of a Toeplitz matrix is a_{-n} - a_{N-n}: all rows sum to one exactly when
+    # the taps repeat with period N, i.e. the matrix is circulant.
+    N = 5
+    c = torch.softmax(torch.randn(N, generator=gen, dtype=torch.float64), 0)  # one period
+    full = torch.cat([c[1:], c])  # 2N-1 taps a_{-(N-1)} .. a_{N-1} with a_j = c_{j mod N}
+    A = convolution_as_attention(full, N)
+    assert constraint_violations(A) == []
+    torch.testing.assert_close(A, convolution_as_attention(c.roll((N - 1) // 2), N, "circular"))
+    broken = full.clone()
+    broken[0] += 0.1  # a_{-(N-1)} no longer equals a_1
+    assert constraint_violations(convolution_as_attention(broken, N))
+
+
+def test_follows_kernel_dtype_device_and_gradient():
+    kernel = torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64, requires_grad=True)
+    A = convolution_as_attention(kernel, 4)
+    assert A.dtype == torch.float64 and A.device == kernel.device
+    A.sum().backward()  # each tap is used once per row it reaches: 3, 4 and 3 times
+    assert torch.equal(kernel.grad, torch.tensor([3.0, 4.0, 3.0], dtype=torch.float64))
+
+
+def test_constraint_violations_messages():
+    good = torch.softmax(torch.randn(3, 4), dim=-1)
+    assert constraint_violations(good) == []
+    neg = torch.tensor([[1.5, -0.5], [0.5, 0.5]])
+    (msg,) = constraint_violations(neg)
+    assert "1 of 2 rows have negative weights" in msg
+    both = constraint_violations(torch.tensor([[-1.0, 0.0], [0.2, 0.2]]))
+    assert len(both) == 2 and "do not sum to one" in both[1]
+    assert constraint_violations(torch.tensor([[float("nan"), 1.0]])) == [
+        "some weights are NaN or infinite"
+    ]
+    with pytest.raises(ValueError, match=r"\(\.\.\., N, M\)"):
+        constraint_violations(torch.ones(3))
 
 
 @pytest.mark.parametrize(
-    ("shapes", "match"),
+    ("kernel", "N", "padding", "error", "match"),
     [
-        (((4, 8), (4, 6), (4, 3)), r"queries have d_k=8 .* keys have d_k=6"),
-        (((4, 8), (5, 8), (4, 3)), r"K has M=5 tokens .* V has 4"),
-        (((2, 4, 8), (3, 4, 8), (3, 4, 2)), r"batch dimensions differ"),
-        (((8,), (4, 8), (4, 2)), r"at least 2 dims"),
+        (torch.ones(0), 4, "zeros", ValueError, "at least one tap"),
+        (torch.ones(1, 1, 3), 4, "zeros", ValueError, r"weight\[o, i\]"),
+        (torch.ones(2, 3), 4, "zeros", ValueError, "must be 1-D"),
+        (torch.ones(3, dtype=torch.int64), 4, "zeros", TypeError, r"kernel\.float\(\)"),
+        (torch.ones(8), 4, "zeros", ValueError, "2N-1=7"),
+        (torch.ones(5), 4, "circular", ValueError, "at most as long as the sequence"),
+        (torch.ones(3), 0, "zeros", ValueError, "at least 1"),
+        (torch.ones(3), 4.0, "zeros", TypeError, "must be an int"),
+        (torch.ones(3), 4, "same", ValueError, "padding must be one of"),
+        ("abc", 4, "zeros", TypeError, "sequence of numbers"),
     ],
 )
-@pytest.mark.parametrize(
-    "fn", [scaled_dot_product_attention_reference, scaled_dot_product_attention]
-)
-def test_bad_shapes_are_named(shapes, match, fn):
-    Q, K, V = (torch.randn(*s) for s in shapes)
-    with pytest.raises(ValueError, match=match):
-        fn(Q, K, V)
+def test_bad_input_is_explained(kernel, N, padding, error, match):
+    with pytest.raises(error, match=match):
+        convolution_as_attention(kernel, N, padding)
 
 
-def test_bad_masks_are_explained():
-    Q, K, V = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5, 2)
-    with pytest.raises(
-        ValueError, match=r"mask has shape \(5, 4\) but must be \(N, M\) = \(4, 5\)"
-    ):
-        scaled_dot_product_attention(Q, K, V, torch.ones(5, 4, dtype=torch.bool))
-    with pytest.raises(TypeError, match="mask must be a bool tensor"):
-        scaled_dot_product_attention(Q, K, V, torch.ones(4, 5))
-    with pytest.raises(TypeError, match="share one dtype"):
-        scaled_dot_product_attention(Q, K.double(), V)
-    with pytest.raises(TypeError, match="floating point"):
-        attention_weights(torch.ones(4, 8, dtype=torch.long), K)
+def test_largest_kernels_allowed():
+    # 2N-1 taps with zeros reach every pair (n, m); N taps with circular padding fill the matrix
+    A = convolution_as_attention(torch.arange(1.0, 8.0), 4)
+    assert (A > 0).all() and A[0, 0] == 4.0 and A[0, 3] == 7.0 and A[3, 0] == 1.0
+    assert (convolution_as_attention(torch.ones(4), 4, "circular") == 1).all()
 
 
-def test_transposed_weight_is_diagnosed():
-    X = torch.randn(5, 16)
-    with pytest.raises(ValueError, match=r"W_q has shape \(4, 16\) .* looks transposed"):
-        self_attention(X, torch.randn(4, 16), torch.randn(16, 4), torch.randn(16, 4))
-    with pytest.raises(ValueError, match="same width d_k"):
-        self_attention_reference(X, torch.randn(16, 4), torch.randn(16, 3), torch.randn(16, 4))
+def test_convolve_tokens_bad_input():
+    with pytest.raises(ValueError, match=r"\(\.\.\., N, D\)"):
+        convolve_tokens(torch.ones(5), torch.ones(3))
+    with pytest.raises(TypeError, match="dtype"):
+        convolve_tokens(torch.ones(5, 2, dtype=torch.float64), torch.ones(3))
+    with pytest.raises(ValueError, match="positive int"):
+        moving_average_kernel(0)
 
 
-def test_top_level_exports():
-    assert tc.self_attention is self_attention
-    assert tc.scaled_dot_product_attention_reference is scaled_dot_product_attention_reference
+# ----------------------------------------------------------------------------------------------
+# from test_exercises_weighted_average.py
+
+NAMES = [
+    "attention.convolution_matrix",
+    "attention.matrix_form",
+    "attention.normalise_scores",
+    "attention.one_token",
+]
 
 
-def test_causal_mask():
-    m = tc.attention.causal_mask(3)
-    assert m.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
-    m = tc.attention.causal_mask(2, 4)  # the last 2 of 4 positions
-    assert m.tolist() == [[True, True, True, False], [True, True, True, True]]
-    with pytest.raises(ValueError, match="0 <= N <= M"):
-        tc.attention.causal_mask(4, 2)
+def test_the_lab_exercises_are_registered():
+    assert list_exercises("attention.") == NAMES
+
+
+def test_inputs_vary_in_size():
+    for name in NAMES:
+        ex = tc.exercises._get(name)
+        sizes = {
+            tuple(
+                tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in ex.make_inputs(g, t)
+            )
+            for t, g in enumerate(torch.Generator().manual_seed(s) for s in range(3))
+        }
+        assert len(sizes) == 3, name
+
+
+def test_valid_weights_in_inputs():
+    # the weights handed to one_token and matrix_form satisfy the two constraints
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(3):
+        _, a = tc.exercises._get("attention.one_token").make_inputs(gen, trial)
+        _, A = tc.exercises._get("attention.matrix_form").make_inputs(gen, trial)
+        assert attention.constraint_violations(a[None]) == []
+        assert attention.constraint_violations(A) == []
+
+
+def test_naive_exp_overflows_and_is_reported():
+    # exp() of scores in the hundreds overflows to inf; the checker points at exp() overflow
+    def naive(S):
+        E = torch.exp(S)
+        return E / E.sum(dim=-1, keepdim=True)
+
+    feedback = check("attention.normalise_scores", naive)
+    assert feedback.status == "incorrect" and "exp() overflow" in feedback.message
+    assert check("attention.normalise_scores", lambda S: torch.softmax(S, dim=-1))
+
+
+def test_orientation_mistakes_not_listed_are_still_explained():
+    shape = check("attention.matrix_form", lambda X, A: X.mT @ A)
+    assert "wrong shape: expected (5, 3), got (3, 5)" in shape.message
+    transposed = check("attention.matrix_form", lambda X, A: (A @ X).mT)
+    assert "off by a transpose" in transposed.message
+
+
+def test_convolution_matrix_agrees_with_the_package():
+    # the exercise's reference and attention.convolution_as_attention are the same matrix
+    assert check(
+        "attention.convolution_matrix", lambda k, N: attention.convolution_as_attention(k, N)
+    )
+    ex = tc.exercises._get("attention.convolution_matrix")
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(3):
+        kernel, N = ex.make_inputs(gen, trial)
+        torch.testing.assert_close(
+            ex.solution(kernel, N), attention.convolution_as_attention(kernel, N), atol=0, rtol=0
+        )

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from transformer_course import data
+from transformer_course.data import DATE_FORMATS, DateTask, format_date
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -104,3 +105,25 @@ def test_random_affine_is_the_identity_without_a_transform_and_resamples_bilinea
         data.random_affine(X[0], 10)
     with pytest.raises(ValueError, match="scale"):
         data.random_affine(X, 10, scale=1.5)
+
+
+TASK = DateTask()
+
+
+def test_every_format_round_trips_through_the_vocabulary():
+    import datetime as dt
+
+    for style in DATE_FORMATS:
+        for date in (dt.date(1950, 1, 1), dt.date(2049, 12, 31), dt.date(2000, 9, 27)):
+            text = format_date(date, style)
+            assert TASK.decode(TASK.encode(text, TASK.src_len)) == text
+    with pytest.raises(ValueError, match="unknown date style"):
+        format_date(dt.date(2000, 1, 1), "klingon")
+
+
+def test_held_out_pairs_avoid_the_training_inputs():
+    train_pairs = TASK.sample(2000, seed=1)
+    test_pairs = TASK.held_out(300, exclude=train_pairs)
+    assert len(test_pairs) == 300
+    assert not {s for s, _ in test_pairs} & {s for s, _ in train_pairs}
+    assert TASK.held_out(300, exclude=train_pairs) == test_pairs  # reproducible

@@ -13,6 +13,22 @@ from transformer_course.exercises import Exercise, check, list_exercises, soluti
 ALL = list_exercises()
 
 
+def test_importing_the_package_imports_no_exercise():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, transformer_course as tc; "
+        "print(sorted(m for m in sys.modules if 'exercises' in m)); "
+        "tc.exercises.check('notation.row_self_attention', None); "
+        "print(sorted(m for m in sys.modules if 'exercises' in m))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, after = done.stdout.splitlines()
+    assert before == "[]"
+    assert "transformer_course.exercises.notation" in after and ".vision" not in after
+
+
 def test_registry_has_the_notation_exercises():
     assert {
         "notation.row_self_attention",
@@ -28,26 +44,28 @@ def test_every_reference_solution_passes_its_checker(name):
     assert feedback.status == "correct"
 
 
-@pytest.mark.parametrize("name", list_exercises("ed.") + list_exercises("lm."))
+@pytest.mark.parametrize(
+    "name", list_exercises("encoder_decoder.") + list_exercises("language_models.")
+)
 def test_mistakes_differ_from_the_solution_on_every_trial(name):
     """A mistake that equals the solution on some input would let a wrong answer pass that trial."""
     ex = tc.exercises._get(name)
     for trial in range(ex.trials):
         args = ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
         expected = ex.solution(*args)
-        for explanation, wrong in ex.mistakes.items():
-            got = torch.as_tensor(wrong(*args)).to(expected.dtype)
-            assert got.shape != expected.shape or not torch.allclose(got, expected), explanation
+        for mistake in ex.mistakes:
+            got = torch.as_tensor(mistake.wrong(*args)).to(expected.dtype)
+            assert got.shape != expected.shape or not torch.allclose(got, expected), mistake.why
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_every_known_mistake_is_diagnosed(name):
     ex = tc.exercises._get(name)
-    for explanation, wrong in ex.mistakes.items():
-        feedback = check(name, wrong)
+    for mistake in ex.mistakes:
+        feedback = check(name, mistake.wrong)
         assert not feedback
         assert feedback.status == "incorrect"
-        assert explanation in feedback.message, (explanation, feedback.message)
+        assert mistake.why in feedback.message, (mistake.why, feedback.message)
 
 
 def test_not_attempted_and_errors_are_reported_not_raised():
@@ -70,16 +88,16 @@ def test_generic_diagnoses():
         pass
 
     def wrong_shape(X, W_q, W_k, W_v):
-        return tc.self_attention(X, W_q, W_k, W_v)[:-1]
+        return tc.self_attention.single_head(X, W_q, W_k, W_v)[:-1]
 
     def off(X, W_q, W_k, W_v):
-        return tc.self_attention(X, W_q, W_k, W_v) + 1e-3
+        return tc.self_attention.single_head(X, W_q, W_k, W_v) + 1e-3
 
     def nan(X, W_q, W_k, W_v):
-        return tc.self_attention(X, W_q, W_k, W_v) * float("nan")
+        return tc.self_attention.single_head(X, W_q, W_k, W_v) * float("nan")
 
     def as_list(X, W_q, W_k, W_v):
-        return tc.self_attention(X, W_q, W_k, W_v).tolist()
+        return tc.self_attention.single_head(X, W_q, W_k, W_v).tolist()
 
     name = "notation.row_self_attention"
     assert "forget `return`" in check(name, returns_none).message

@@ -1,4 +1,5 @@
-"""Multi-head attention: reference (loop over heads) == module == torch.nn.MultiheadAttention."""
+"""Chapter *Multi-head self-attention*: reference (loop over heads) == SelfAttention ==
+torch.nn.MultiheadAttention, causal layers, the one attention function, the exercises."""
 
 from __future__ import annotations
 
@@ -6,20 +7,26 @@ import pytest
 import torch
 from torch import nn
 
-from transformer_course.attention import causal_mask
+import transformer_course as tc
+from transformer_course.exercises import multihead as mh
 from transformer_course.multihead import (
-    MultiHeadAttention,
+    SelfAttention,
     merge_heads,
+    multi_head_attention,
     multi_head_attention_reference,
     split_heads,
 )
+from transformer_course.self_attention import causal_mask
+
+# ----------------------------------------------------------------------------------------------
+# The layer
 
 TOL = {torch.float64: dict(atol=1e-10, rtol=0), torch.float32: dict(atol=1e-5, rtol=1e-5)}
 
 
 def _pair(D, H, dtype, bias=True, seed=0):
     torch.manual_seed(seed)
-    ours = MultiHeadAttention(D, H, bias=bias).to(dtype)
+    ours = SelfAttention(D, H, bias=bias).to(dtype)
     theirs = nn.MultiheadAttention(D, H, bias=bias, batch_first=True).to(dtype)
     ours.load_from_torch(theirs)
     return ours, theirs
@@ -50,7 +57,7 @@ def test_module_equals_torch_outputs_and_gradients(dtype, B, N, D, H, masked):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_reference_equals_module(dtype):
     torch.manual_seed(1)
-    mha = MultiHeadAttention(12, 3, bias=False).to(dtype)
+    mha = SelfAttention(12, 3, bias=False).to(dtype)
     X = torch.randn(2, 5, 12, dtype=dtype)
     mask = torch.rand(2, 5, 5) < 0.7
     mask[..., 0] = True
@@ -58,16 +65,32 @@ def test_reference_equals_module(dtype):
     torch.testing.assert_close(mha(X, mask=mask), ref, **TOL[dtype])
 
 
-def test_cross_attention_equals_torch():
-    ours, theirs = _pair(8, 2, torch.float64)
-    X, Z = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 7, 8, dtype=torch.float64)
-    Y = ours(X, Z)
-    assert Y.shape == (2, 3, 8)
-    torch.testing.assert_close(Y, theirs(X, Z, Z, need_weights=False)[0], atol=1e-10, rtol=0)
-    ours.in_proj.bias = None  # the reference has no biases: compare without them
-    ours.out_proj.bias = None
-    ref = multi_head_attention_reference(X, **ours.weights, H=2, Z=Z)
-    torch.testing.assert_close(ours(X, Z), ref, atol=1e-10, rtol=0)
+@pytest.mark.parametrize("N", [1, 6])
+def test_causal_layer_equals_torch_with_a_causal_mask_and_a_key_mask(N):
+    torch.manual_seed(4)
+    causal = SelfAttention(8, 2, causal=True).double()
+    theirs = causal.to_torch()
+    X = torch.randn(2, N, 8, dtype=torch.float64)
+    keys = torch.rand(2, N) < 0.7
+    keys[:, 0] = True  # every query keeps key 0
+    upper = ~causal_mask(N)
+    with torch.no_grad():
+        expected = theirs(X, X, X, attn_mask=upper, need_weights=False)[0]
+        torch.testing.assert_close(causal(X), expected, atol=1e-12, rtol=0)
+        key_mask = keys[:, None, :].expand(-1, N, -1)
+        blocked = (upper | ~key_mask).repeat_interleave(2, dim=0)  # (B*H, N, N), True = blocked
+        expected = theirs(X, X, X, attn_mask=blocked, need_weights=False)[0]
+        torch.testing.assert_close(causal(X, key_mask), expected, atol=1e-12, rtol=0)
+
+
+def test_multi_head_attention_with_fewer_queries_than_keys_sees_the_past_only():
+    """N queries at the last N of M positions (a cache): each sees keys m <= its own position."""
+    g = torch.Generator().manual_seed(5)
+    Q, K, V = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64) for n in (2, 5, 5))
+    Y = multi_head_attention(Q, K, V, causal=True)
+    for n, last in enumerate((3, 4)):  # query n is position 3 + n and sees keys 0..3+n
+        A = torch.softmax(Q[..., n : n + 1, :] @ K[..., : last + 1, :].mT / 2.0, dim=-1)
+        torch.testing.assert_close(Y[..., n : n + 1, :], A @ V[..., : last + 1, :])
 
 
 def test_batched_mask_equals_torch_per_head_mask():
@@ -82,8 +105,8 @@ def test_batched_mask_equals_torch_per_head_mask():
 
 def test_round_trip_to_torch():
     torch.manual_seed(2)
-    ours = MultiHeadAttention(8, 4)
-    back = MultiHeadAttention(8, 4).load_from_torch(ours.to_torch())
+    ours = SelfAttention(8, 4)
+    back = SelfAttention(8, 4).load_from_torch(ours.to_torch())
     X = torch.randn(2, 3, 8)
     torch.testing.assert_close(back(X), ours(X))
 
@@ -100,16 +123,16 @@ def test_bad_input_is_explained():
     with pytest.raises(
         ValueError, match=r"D=10 is not divisible by H=4 .* choose H from \[1, 2, 5, 10\]"
     ):
-        MultiHeadAttention(10, 4)
-    mha = MultiHeadAttention(8, 2)
+        SelfAttention(10, 4)
+    mha = SelfAttention(8, 2)
     with pytest.raises(ValueError, match=r"expects \(B, N, 8\); add a batch dimension"):
         mha(torch.randn(5, 8))
     with pytest.raises(
         ValueError, match=r"mask has shape \(4, 5\) but must be \(N, M\) = \(5, 5\)"
     ):
         mha(torch.randn(1, 5, 8), mask=torch.ones(4, 5, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"Z has shape \(2, 3, 6\)"):
-        mha(torch.randn(2, 4, 8), torch.randn(2, 3, 6))
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+        mha(torch.randn(2, 4, 8), torch.randn(2, 3, 8))  # self-attention takes no second sequence
     with pytest.raises(ValueError, match="W_o has shape"):
         w = torch.randn(8, 8)
         multi_head_attention_reference(torch.randn(3, 8), w, w, w, torch.randn(8, 4), H=2)
@@ -117,9 +140,104 @@ def test_bad_input_is_explained():
 
 def test_fully_masked_query_gives_zero_attention_output():
     torch.manual_seed(3)
-    mha = MultiHeadAttention(8, 2, bias=False)
+    mha = SelfAttention(8, 2, bias=False)
     mask = torch.ones(1, 3, 3, dtype=torch.bool)
     mask[0, 2] = False
     Y = mha(torch.randn(1, 3, 8), mask=mask)
     assert torch.isfinite(Y).all()
     assert (Y[0, 2] == 0).all()  # no bias: a zero attention output stays zero after W_o
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercises
+
+NAMES = [
+    "multihead.attention",
+    "multihead.merge_heads",
+    "multihead.param_count",
+    "multihead.split_heads",
+    "multihead.turner_V",
+]
+
+
+def test_all_exercises_are_registered():
+    assert tc.exercises.list_exercises("multihead.") == NAMES
+
+
+def test_split_and_merge_equal_the_package_and_invert_each_other():
+    T = torch.randn(2, 5, 12, dtype=torch.float64)
+    for H in (1, 2, 3, 4, 6, 12):
+        split = mh.split_heads(T, H)
+        assert split.shape == (2, H, 5, 12 // H)
+        assert torch.equal(split, tc.multihead.split_heads(T, H))
+        assert torch.equal(mh.merge_heads(split), T)
+        assert torch.equal(mh.merge_heads(split), tc.multihead.merge_heads(split))
+        d = 12 // H
+        for h in range(H):  # head h owns the contiguous block h*d:(h+1)*d
+            assert torch.equal(split[:, h], T[..., h * d : (h + 1) * d])
+
+
+def test_forgotten_transpose_in_split_keeping_n_h_order_is_a_shape_error():
+    def no_transpose(T, H):
+        B, N, HD = T.shape
+        return T.reshape(B, N, H, HD // H)  # (B, N, H, d): the transpose to (B, H, N, d) is missing
+
+    feedback = tc.exercises.check("multihead.split_heads", no_transpose)
+    assert feedback.status == "incorrect" and "wrong shape" in feedback.message
+
+
+def test_attention_solution_equals_package_reference_and_module():
+    for trial in range(3):
+        X, W_q, W_k, W_v, W_o, H = mh._mha_inputs(torch.Generator().manual_seed(5), trial)
+        Y = mh.multi_head_attention(X, W_q, W_k, W_v, W_o, H)
+        ref = tc.multihead.multi_head_attention_reference(X, W_q, W_k, W_v, W_o, H)
+        torch.testing.assert_close(Y, ref, atol=1e-12, rtol=0)
+        module = tc.multihead.SelfAttention(X.shape[1], H, bias=False).double()
+        with torch.no_grad():
+            module.in_proj.weight.copy_(torch.cat([W_q.T, W_k.T, W_v.T]))  # nn.Linear: (out, in)
+            module.out_proj.weight.copy_(W_o.T)
+        torch.testing.assert_close(module(X[None])[0], Y, atol=1e-12, rtol=0)
+
+
+def test_attention_inputs_do_not_saturate_the_softmax():
+    # With order-one scores the scale mistake is visible; saturated softmaxes would hide it.
+    X, W_q, W_k, W_v, W_o, H = mh._mha_inputs(torch.Generator().manual_seed(1000), 0)
+    Y = mh.multi_head_attention(X, W_q, W_k, W_v, W_o, H)
+    assert (Y - mh._mha_scale_sqrt_D(X, W_q, W_k, W_v, W_o, H)).abs().max() > 1e-3
+
+
+def test_turner_V_equals_package_is_low_rank_and_gives_the_same_layer():
+    W_v, W_o, H = mh._V_inputs(torch.Generator().manual_seed(2), 2)
+    D, K = W_v.shape[0], W_v.shape[0] // H
+    V = mh.turner_V(W_v, W_o, H)
+    torch.testing.assert_close(V, tc.notation.low_rank_V(W_v, W_o, H), atol=1e-12, rtol=0)
+    assert all(int(torch.linalg.matrix_rank(V[h])) == K for h in range(H))
+    torch.testing.assert_close(V.sum(0), (W_v @ W_o).T, atol=1e-12, rtol=0)
+    # Turner's sum over heads with these V_h is the concat form, transposed (Bishop exercise 5)
+    W_q, W_k = torch.randn(D, D, dtype=torch.float64), torch.randn(D, D, dtype=torch.float64)
+    X = torch.randn(5, D, dtype=torch.float64)
+    U_q = W_q.T.reshape(H, K, D)  # head h's K x D query map: rows h*K:(h+1)*K of W_q^T
+    U_k = W_k.T.reshape(H, K, D)
+    Y_cols = tc.notation.turner_multi_head_self_attention(X.T, U_q, U_k, V)
+    Y = tc.multihead.multi_head_attention_reference(X, W_q, W_k, W_v, W_o, H)
+    torch.testing.assert_close(Y_cols.T, Y, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize(("D", "H"), [(8, 1), (8, 2), (12, 3), (64, 8)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_param_count_matches_the_modules(D, H, bias):
+    P_concat, P_turner = (int(p) for p in mh.param_count(D, H, bias))
+    ours = tc.multihead.SelfAttention(D, H, bias=bias)
+    theirs = torch.nn.MultiheadAttention(D, H, bias=bias)
+    assert P_concat == sum(p.numel() for p in ours.parameters())
+    assert P_concat == sum(p.numel() for p in theirs.parameters())
+    K = D // H
+    turner = [torch.empty(H, K, D), torch.empty(H, K, D), torch.empty(H, D, D)]  # U_q, U_k, V
+    assert P_turner == sum(t.numel() for t in turner)
+
+
+def test_param_count_accepts_a_tuple_of_ints():
+    def as_ints(D, H, bias):
+        return 4 * D * D + 4 * D * bias, H * (2 * (D // H) * D + D * D)
+
+    assert tc.exercises.check("multihead.param_count", as_ints)

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import transformer_course as tc
+from transformer_course.exercises import check, list_exercises
+from transformer_course.exercises import tokens as ex_tokens
 from transformer_course.tokens import (
     BPETokenizer,
     CharTokenizer,
@@ -16,6 +19,9 @@ from transformer_course.tokens import (
     patchify,
     unpatchify,
 )
+
+# ----------------------------------------------------------------------------------------------
+# from test_tokens.py
 
 SHAKESPEARE = Path("/work/shared/data/tinyshakespeare/input.txt")
 ALPHABET = "abcde fgh\nXYZ.,!?'éßñ中文日本😀🙂ü\t0123_"
@@ -424,3 +430,106 @@ def test_overlapping_patches_match_a_loop_and_a_strided_convolution():
         patchify(images, 2, stride=4)
     with pytest.raises(ValueError, match="not divisible by stride=2"):
         patchify(torch.zeros(1, 1, 7, 7), 4, stride=2)
+
+
+# ----------------------------------------------------------------------------------------------
+# from test_exercises_tokens.py
+
+NAMES = list_exercises("tokens.")
+
+
+def test_the_lab_has_five_exercises():
+    assert NAMES == [
+        "tokens.bpe_merge",
+        "tokens.char_encode",
+        "tokens.count_tokens",
+        "tokens.one_hot_embed",
+        "tokens.patchify",
+    ]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stub_reports_not_attempted(name):
+    def stub(*args):
+        raise NotImplementedError
+
+    assert check(name, stub).status == "not attempted"
+
+
+# ------------------------------------------------------------------------------------------------
+# The solutions agree with the package
+# ------------------------------------------------------------------------------------------------
+
+
+def test_char_encode_matches_char_tokenizer():
+    for text in ex_tokens._LINES:
+        expected = tc.tokens.CharTokenizer.from_text(text).encode_tensor(text)
+        assert torch.equal(ex_tokens.char_encode(text), expected)
+
+
+def test_one_hot_embed_matches_embedding(gen):
+    ids = torch.randint(0, 9, (2, 6), generator=gen)
+    E = torch.randn(9, 4, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(ex_tokens.one_hot_embed(ids, E), tc.tokens.embedding(ids, E))
+
+
+def test_bpe_merge_matches_package_and_wikipedia_example():
+    ids = torch.tensor(list(b"aaabdaaabac"))
+    got = ex_tokens.bpe_merge(ids, (97, 97), 256)
+    assert (
+        got.tolist()
+        == tc.tokens.merge_pair(ids, (97, 97), 256)
+        == [256, 97, 98, 100, 256, 97, 98, 97, 99]
+    )
+    tok = tc.tokens.BPETokenizer.train("aaabdaaabac", vocab_size=257)
+    assert tok.merges == [(97, 97)] and tok.encode("aaabdaaabac") == got.tolist()
+
+
+def test_patchify_solution_matches_package(gen):
+    images = torch.randn(2, 3, 8, 12, generator=gen)
+    assert torch.equal(ex_tokens.patchify(images, 4), tc.tokens.patchify(images, 4))
+
+
+@pytest.mark.parametrize(("H", "W", "P", "C"), [(224, 224, 16, 3), (30, 45, 7, 3), (8, 8, 4, 1)])
+def test_count_tokens_matches_the_shape_of_cropped_patches(H, W, P, C):
+    N, d = ex_tokens.count_tokens(H, W, P, C).tolist()
+    cropped = torch.zeros(1, C, (H // P) * P, (W // P) * P)  # leftover edge pixels cropped
+    assert tc.tokens.patchify(cropped, P).shape == (1, N, d)
+
+
+# ------------------------------------------------------------------------------------------------
+# What the framework says about mistakes that are not listed
+# ------------------------------------------------------------------------------------------------
+
+
+def test_transposed_embeddings_are_reported_as_a_transpose():
+    def transposed(ids, E):
+        return ex_tokens.one_hot_embed(ids, E).transpose(1, 2)  # (B, D, N)
+
+    fb = check("tokens.one_hot_embed", transposed)
+    assert fb.status == "incorrect" and "off by a transpose" in fb.message
+
+
+def test_an_unlisted_wrong_length_is_reported_with_both_shapes():
+    def unchanged(ids, pair, new_id):
+        return ids  # no merge at all
+
+    fb = check("tokens.bpe_merge", unchanged)
+    assert fb.status == "incorrect" and "wrong shape: expected (9,), got (11,)" in fb.message
+
+
+def test_length_changing_mistakes_are_named_not_just_measured():
+    ids = torch.tensor(list(b"aaabdaaabac"))
+    for name in ("first occurrence", "move past both ids"):
+        mistake = next(m for m in tc.exercises._get("tokens.bpe_merge").mistakes if name in m.why)
+        assert len(mistake.wrong(ids, (97, 97), 258)) != len(
+            ex_tokens.bpe_merge(ids, (97, 97), 258)
+        )
+        assert mistake.why in check("tokens.bpe_merge", mistake.wrong).message
+
+
+def test_returning_a_list_of_ids_is_accepted():
+    def as_list(text):
+        return ex_tokens.char_encode(text).tolist()
+
+    assert check("tokens.char_encode", as_list)

@@ -1,38 +1,39 @@
 """transformer_course: the one tested implementation behind the course.
 
 Every chapter of the book and every lab imports its equations from here (``import transformer_course
-as tc``); nothing is copied into a page. Modules are named after the concept they implement and each
-docstring names the chapter it serves.
+as tc``); nothing is copied into a page. Each chapter has one module of the same name (``tc.notation``,
+``tc.tokens``, ``tc.attention``, ``tc.self_attention``, ``tc.multihead``, ``tc.block``, ``tc.position``,
+``tc.language_models``, ``tc.encoder_decoder``, ``tc.vision``); ``data``, ``train``, ``plots``,
+``runtime`` and ``project`` are shared infrastructure. The exercises of the labs, ``tc.exercises``, are
+imported only when first used.
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
 
 from . import (
     attention,
     block,
-    conventions,
     data,
-    exercises,
-    generate,
-    models,
+    encoder_decoder,
+    language_models,
     multihead,
+    notation,
     plots,
     position,
     project,
-    relations,
     runtime,
-    tasks,
+    self_attention,
     tokens,
     train,
+    vision,
 )
-from .attention import (
+from .runtime import default_device, seed_everything
+from .self_attention import (
     attention_weights,
     scaled_dot_product_attention,
     scaled_dot_product_attention_reference,
-    self_attention,
-    self_attention_reference,
 )
-from .runtime import default_device, seed_everything
 
 try:
     __version__ = version("transformer-course")
@@ -44,24 +45,29 @@ __all__ = [
     "attention",
     "attention_weights",
     "block",
-    "conventions",
     "data",
     "default_device",
+    "encoder_decoder",
     "exercises",
-    "generate",
-    "models",
+    "language_models",
     "multihead",
+    "notation",
     "plots",
     "position",
     "project",
-    "relations",
     "runtime",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_reference",
     "seed_everything",
     "self_attention",
-    "self_attention_reference",
-    "tasks",
     "tokens",
     "train",
+    "vision",
 ]
+
+
+def __getattr__(name: str):
+    """``tc.exercises`` is imported on first use, so importing the package stays light."""
+    if name == "exercises":
+        return importlib.import_module(f"{__name__}.exercises")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,264 +1,227 @@
-"""Attention: weights, scaled dot-product attention and single-head self-attention.
+"""Attention as a weighted average: the constraints on the weights, and convolution as fixed attention.
 
-Chapters: *Notation and conventions* (single-head self-attention in row form), *Attention as a weighted
-average* and *Self-attention*. Convention: rows are tokens. Queries ``Q`` are ``(..., N, d_k)``, keys
-``K`` are ``(..., M, d_k)``, values ``V`` are ``(..., M, d_v)``; scores ``S`` and weights ``A`` are
-``(..., N, M)`` and each row of ``A`` sums to one.
+Chapter: *Attention as a weighted average* (Bishop & Bishop 2024 sec. 2.1-2.7; Turner 2023 sec. 2.1,
+eq. 1-2 and footnote 4). The weights themselves, computed from the data, are chapter *Self-attention*'s
+(:mod:`.self_attention`).
 
-Masks are boolean with ``True`` meaning "query n may attend to key m", the convention of
-``torch.nn.functional.scaled_dot_product_attention``. A query whose row of the mask is all ``False``
-(it may attend to nothing) gets an all-zero row of weights and a zero output vector: a documented
-choice, never NaN.
+Convention: rows are tokens. A sequence ``X`` is ``(..., N, D)``; an attention matrix ``A`` is
+``(N, N)`` with row ``n`` holding the weights of output token ``n`` (``A[n, m]`` is how much output
+``n`` takes from input ``m``), so that ``Y = A @ X``.
 
-Every equation has a reference function that reads like the mathematics and an efficient one that
-calls ``F.scaled_dot_product_attention``; ``tests/test_attention.py`` proves them equal.
+A 1-D convolution layer of a CNN (``torch.nn.functional.conv1d``) computes, with ``K`` taps and the
+kernel's centre at tap ``c = (K - 1) // 2``,
+
+.. math:: y_n = \\sum_{j=0}^{K-1} k_j \\, x_{n + j - c},
+
+which is a *cross-correlation* (no kernel flip), as in every deep-learning library. Written as
+attention it is ``Y = A X`` with the Toeplitz matrix ``A[n, m] = k[m - n + c]`` (zero outside the
+kernel): each row is the same kernel shifted by one position. Turner (2023, footnote 4) writes the
+same fact in his column form as :math:`A_{n',n} = A_{n'-n}`; his matrix is the transpose of ours,
+``A_Turner[n', n] = A[n, n'] = k[n' - n + c]``, a function of ``n' - n`` only.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "attention_weights",
-    "causal_mask",
-    "scaled_dot_product_attention",
-    "scaled_dot_product_attention_reference",
-    "self_attention",
-    "self_attention_reference",
+    "PADDINGS",
+    "constraint_violations",
+    "convolution_as_attention",
+    "convolve_tokens",
+    "moving_average_kernel",
 ]
 
+PADDINGS = ("zeros", "circular", "replicate")
+"""How a convolution treats positions outside ``0..N-1``: read zeros, wrap around, or repeat the
+end token (the names of ``torch.nn.Conv1d``'s ``padding_mode``)."""
 
-def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
-
-def _check_qkv(Q: Tensor, K: Tensor, V: Tensor | None, mask: Tensor | None) -> None:
-    """Raise ``ValueError``/``TypeError`` naming the shapes when Q, K, V and mask do not fit."""
-    named = {"Q": Q, "K": K} if V is None else {"Q": Q, "K": K, "V": V}
-    for name, t in named.items():
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < 2:
-            raise ValueError(
-                f"{name} has shape {_shape(t)}; it needs at least 2 dims (tokens, features): "
-                "rows are tokens, so a single sequence is (N, d)"
-            )
-        if not t.is_floating_point():
-            raise TypeError(f"{name} has dtype {t.dtype}; attention needs floating point inputs")
-    if Q.dtype != K.dtype or (V is not None and V.dtype != Q.dtype):
-        dtypes = ", ".join(f"{n}={t.dtype}" for n, t in named.items())
-        raise TypeError(f"Q, K and V must share one dtype, got {dtypes}; cast them with .to()")
-    if Q.shape[-1] != K.shape[-1]:
-        raise ValueError(
-            f"queries have d_k={Q.shape[-1]} (Q {_shape(Q)}) but keys have d_k={K.shape[-1]} "
-            f"(K {_shape(K)}); a query and a key must have the same width to take their dot product"
-        )
-    if V is not None and V.shape[-2] != K.shape[-2]:
-        raise ValueError(
-            f"K has M={K.shape[-2]} tokens (K {_shape(K)}) but V has {V.shape[-2]} (V {_shape(V)}); "
-            "every key needs exactly one value"
-        )
-    lead = Q.shape[:-2]
-    for name, t in named.items():
-        if t.shape[:-2] != lead:
-            raise ValueError(
-                f"batch dimensions differ: Q {_shape(Q)} but {name} {_shape(t)}; the leading "
-                "dimensions must be equal (the course never broadcasts silently)"
-            )
-    if mask is not None:
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+def _as_kernel(kernel: Tensor | Sequence[float]) -> Tensor:
+    if not isinstance(kernel, Tensor):
+        try:
+            kernel = torch.as_tensor(kernel, dtype=torch.get_default_dtype())
+        except (TypeError, ValueError, RuntimeError) as err:
             raise TypeError(
-                f"mask must be a bool tensor (True = may attend), got {got}; "
-                "e.g. build it with torch.ones(N, M, dtype=torch.bool).tril()"
-            )
-        N, M = Q.shape[-2], K.shape[-2]
-        if mask.shape != (N, M) and mask.shape != (*lead, N, M):
-            raise ValueError(
-                f"mask has shape {_shape(mask)} but must be (N, M) = ({N}, {M}) or the full "
-                f"{(*lead, N, M)} for Q {_shape(Q)} and K {_shape(K)}"
-            )
+                f"kernel must be a 1-D torch.Tensor or a sequence of numbers, got "
+                f"{type(kernel).__name__}"
+            ) from err
+    if not kernel.is_floating_point():
+        raise TypeError(
+            f"kernel has dtype {kernel.dtype}; use a floating point kernel, e.g. kernel.float()"
+        )
+    if kernel.dim() != 1:
+        hint = (
+            "; a conv1d weight of shape (out, in, K) holds several kernels: pass one, weight[o, i]"
+            if kernel.dim() == 3
+            else ""
+        )
+        raise ValueError(f"kernel must be 1-D with K taps, got shape {tuple(kernel.shape)}{hint}")
+    if kernel.numel() == 0:
+        raise ValueError("kernel is empty; a convolution needs at least one tap (K >= 1)")
+    return kernel
 
 
-def causal_mask(N: int, M: int | None = None, device: torch.device | str | None = None) -> Tensor:
-    """Boolean ``(N, M)`` mask, ``True`` where query ``n`` may attend to key ``m <= n + (M - N)``.
-
-    With ``M = N`` (the default) it is lower triangular: token ``n`` sees tokens ``0..n``. With
-    ``M > N`` the queries are the last ``N`` of ``M`` positions (as when a cache holds earlier keys).
-    """
-    M = N if M is None else M
-    if N < 0 or M < N:
-        raise ValueError(f"a causal mask needs 0 <= N <= M, got N={N}, M={M}")
-    return torch.ones(N, M, dtype=torch.bool, device=device).tril(diagonal=M - N)
-
-
-def _default_scale(Q: Tensor, scale: float | None) -> float:
-    return 1.0 / math.sqrt(Q.shape[-1]) if scale is None else float(scale)
-
-
-def attention_weights(
-    Q: Tensor, K: Tensor, mask: Tensor | None = None, scale: float | None = None
-) -> Tensor:
-    r"""Attention weights :math:`A = \operatorname{softmax}_\text{row}(S)`, book eq. ``eq-attention-weights``.
-
-    .. math:: S = \frac{Q K^\top}{\sqrt{d_k}}, \qquad
-              A_{nm} = \frac{\exp S_{nm}}{\sum_{m'} \exp S_{nm'}}
-
-    Args:
-        Q: queries ``(..., N, d_k)``.
-        K: keys ``(..., M, d_k)``.
-        mask: optional bool ``(N, M)`` or ``(..., N, M)``; ``False`` entries get weight exactly 0.
-        scale: multiplies the scores; default ``1/sqrt(d_k)`` (Bishop eq. 14, Vaswani et al.).
-
-    Returns:
-        ``A`` of shape ``(..., N, M)``; each row sums to one, except rows whose mask is all
-        ``False``, which are all zero.
-
-    Raises:
-        ValueError: when widths, token counts, batch dimensions or the mask shape disagree.
-        TypeError: for non-tensor, integer, mixed-dtype inputs, or a non-boolean mask.
-    """
-    _check_qkv(Q, K, None, mask)
-    S = (Q @ K.transpose(-2, -1)) * _default_scale(Q, scale)  # (..., N, M) scores
-    if mask is None:
-        return torch.softmax(S, dim=-1)
-    can_attend = mask.any(dim=-1, keepdim=True)  # (..., N, 1): False for fully masked rows
-    S = S.masked_fill(~mask, float("-inf"))
-    S = torch.where(can_attend, S, torch.zeros_like(S))  # keep softmax finite on empty rows
-    return torch.softmax(S, dim=-1) * can_attend
-
-
-def scaled_dot_product_attention_reference(
-    Q: Tensor,
-    K: Tensor,
-    V: Tensor,
-    mask: Tensor | None = None,
-    scale: float | None = None,
-) -> Tensor:
-    r"""Scaled dot-product attention written as its equation, book eq. ``eq-sdpa``.
-
-    .. math:: \operatorname{Attention}(Q, K, V) = \operatorname{softmax}_\text{row}
-              \left(\frac{Q K^\top}{\sqrt{d_k}}\right) V
-
-    (Bishop & Bishop 2024, eq. 14 and Algorithm 1; Vaswani et al. 2017, eq. 1; MIT 6.390 sec. 9.4.1.)
-
-    Args:
-        Q: ``(..., N, d_k)``; K: ``(..., M, d_k)``; V: ``(..., M, d_v)``.
-        mask: optional bool ``(N, M)`` or ``(..., N, M)``, ``True`` = may attend.
-        scale: default ``1/sqrt(d_k)``.
-
-    Returns:
-        ``Y`` of shape ``(..., N, d_v)``: row n is the average of the rows of ``V`` weighted by row n of
-        :func:`attention_weights`; a query that may attend to nothing gets zeros.
-    """
-    _check_qkv(Q, K, V, mask)
-    A = attention_weights(Q, K, mask, scale)  # (..., N, M)
-    return A @ V  # (..., N, d_v)
-
-
-def scaled_dot_product_attention(
-    Q: Tensor,
-    K: Tensor,
-    V: Tensor,
-    mask: Tensor | None = None,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    causal: bool = False,
-) -> Tensor:
-    r"""Efficient scaled dot-product attention, book eq. ``eq-sdpa``, via ``F.scaled_dot_product_attention``.
-
-    Same arguments, result and errors as :func:`scaled_dot_product_attention_reference` (tested equal to
-    1e-10 in float64 and 1e-5 in float32). For a query whose mask row is all ``False``, PyTorch before
-    2.5 returned NaN and newer versions return zeros on some backends; here such a row is unmasked for
-    the fused kernel and its output is then set to zero, so the documented behaviour (zeros, finite
-    gradients) holds on every version and backend. ``dropout_p`` drops
-    attention weights during training (the reference has no dropout; compare with ``dropout_p=0``).
-    ``causal=True`` (with ``mask=None`` and ``N == M``) applies :func:`causal_mask` through PyTorch's
-    ``is_causal`` fast path.
-    """
-    _check_qkv(Q, K, V, mask)
-    s = _default_scale(Q, scale)
-    if causal:
-        if mask is not None or Q.shape[-2] != K.shape[-2]:
-            raise ValueError(
-                "causal=True needs mask=None and as many queries as keys "
-                f"(got N={Q.shape[-2]}, M={K.shape[-2]}); pass mask=causal_mask(N, M) instead"
-            )
-        return F.scaled_dot_product_attention(Q, K, V, is_causal=True, scale=s, dropout_p=dropout_p)
-    if mask is None:
-        return F.scaled_dot_product_attention(Q, K, V, scale=s, dropout_p=dropout_p)
-    if mask.dim() == 2 and Q.dim() > 2:
-        mask = mask.expand(*Q.shape[:-2], *mask.shape)  # (..., N, M), explicit, never silent
-    can_attend = mask.any(dim=-1, keepdim=True)  # (..., N, 1)
-    safe_mask = mask | ~can_attend  # empty rows attend everywhere, then get zeroed below
-    Y = F.scaled_dot_product_attention(Q, K, V, attn_mask=safe_mask, scale=s, dropout_p=dropout_p)
-    return Y * can_attend
-
-
-def _check_weights(X: Tensor, **W: Tensor) -> None:
-    if not isinstance(X, Tensor) or X.dim() < 2:
-        got = _shape(X) if isinstance(X, Tensor) else type(X).__name__
-        raise ValueError(f"X must be a tensor of shape (..., N, D) with rows as tokens, got {got}")
-    D = X.shape[-1]
-    for name, w in W.items():
-        if not isinstance(w, Tensor) or w.dim() != 2:
-            got = _shape(w) if isinstance(w, Tensor) else type(w).__name__
-            raise ValueError(f"{name} must be a 2-D weight matrix (D, d), got {got}")
-        if w.shape[0] != D:
-            hint = (
-                f"; it looks transposed: use {name}.T (the course multiplies X @ {name})"
-                if w.shape[1] == D
-                else ""
-            )
-            raise ValueError(
-                f"{name} has shape {_shape(w)} but X {_shape(X)} has D={D} features, "
-                f"so {name} must be ({D}, d){hint}"
-            )
-    if W["W_q"].shape[1] != W["W_k"].shape[1]:
+def _check_size(K: int, N: int, padding: str) -> None:
+    if isinstance(N, bool) or not isinstance(N, int):
+        raise TypeError(f"N (the number of tokens) must be an int, got {type(N).__name__}")
+    if N < 1:
+        raise ValueError(f"N (the number of tokens) must be at least 1, got {N}")
+    if padding not in PADDINGS:
+        raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+    if padding == "zeros" and K > 2 * N - 1:
         raise ValueError(
-            f"W_q {_shape(W['W_q'])} and W_k {_shape(W['W_k'])} must give queries and keys of the "
-            "same width d_k"
+            f"the kernel has K={K} taps but N={N} tokens only have 2N-1={2 * N - 1} relative "
+            f"offsets (-{N - 1}..{N - 1}); taps beyond them would never touch the sequence. "
+            f"Use at most {2 * N - 1} taps or a longer sequence."
+        )
+    if padding == "circular" and K > N:
+        raise ValueError(
+            f"circular padding wraps the sequence around once, so the kernel (K={K} taps) may be "
+            f"at most as long as the sequence (N={N} tokens)"
         )
 
 
-def self_attention_reference(
-    X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, mask: Tensor | None = None
+def convolution_as_attention(
+    kernel: Tensor | Sequence[float], N: int, padding: str = "zeros"
 ) -> Tensor:
-    r"""Single-head scaled dot-product self-attention, book eq. ``eq-self-attention`` (Bishop Algorithm 1).
+    r"""The ``(N, N)`` attention matrix of a 1-D convolution, book eq. ``eq-avg-toeplitz``.
 
-    .. math:: Q = X W_q,\quad K = X W_k,\quad V = X W_v,\qquad
-              Y = \operatorname{softmax}_\text{row}\!\left(\frac{Q K^\top}{\sqrt{d_k}}\right) V
+    .. math:: A_{nm} = k_{m - n + c}, \qquad c = \lfloor (K-1)/2 \rfloor,
+
+    and ``A[n, m] = 0`` where ``m - n + c`` is not a tap ``0..K-1``. Then ``A @ X`` equals
+    ``F.conv1d`` of every column of ``X`` with ``kernel`` and ``padding="same"`` (a
+    cross-correlation: the kernel is *not* flipped). For an even ``K`` the centre is the left one of
+    the two middle taps, so output ``n`` reads inputs ``n - c .. n + c + 1``, exactly as PyTorch
+    pads for ``"same"`` (one more zero on the right).
+
+    Every row is the kernel shifted by one place (a Toeplitz matrix). Turner (2023, fn. 4) writes
+    this as :math:`A_{n',n} = A_{n'-n}` in his column form, whose matrix is the transpose of ours.
 
     Args:
-        X: tokens ``(..., N, D)``, one token per row.
-        W_q: ``(D, d_k)``; W_k: ``(D, d_k)``; W_v: ``(D, d_v)``. (``nn.Linear`` stores the transpose,
-            ``(out, in)``, and computes ``x @ weight.T``.)
-        mask: optional bool ``(N, N)`` or ``(..., N, N)``.
+        kernel: the ``K`` taps ``k_0 .. k_{K-1}`` (a 1-D floating tensor or a list of numbers); the
+            result has its dtype and device.
+        N: the number of tokens.
+        padding: what lies beyond the ends: ``"zeros"`` (rows near the ends lose the taps that fall
+            off the sequence), ``"circular"`` (they wrap around: a circulant matrix) or
+            ``"replicate"`` (they reread the end token).
 
     Returns:
-        ``Y`` of shape ``(..., N, d_v)``.
+        ``A`` of shape ``(N, N)``; with ``"circular"`` or ``"replicate"`` every row sums to
+        ``kernel.sum()``, with ``"zeros"`` only rows whose window lies inside the sequence do.
 
     Raises:
-        ValueError: naming the shapes when a weight does not fit ``X`` (and saying when it looks
-            transposed).
+        TypeError: for a non-float kernel or a non-integer ``N``.
+        ValueError: for an empty or multi-dimensional kernel, an unknown padding, ``N < 1``, more
+            than ``2N - 1`` taps with zero padding (the extra taps could never touch the sequence),
+            or more than ``N`` taps with circular padding.
     """
-    _check_weights(X, W_q=W_q, W_k=W_k, W_v=W_v)
-    Q, K, V = X @ W_q, X @ W_k, X @ W_v  # (..., N, d_k), (..., N, d_k), (..., N, d_v)
-    return scaled_dot_product_attention_reference(Q, K, V, mask)
+    kernel = _as_kernel(kernel)
+    K = kernel.numel()
+    _check_size(K, N, padding)
+    c = (K - 1) // 2
+    n = torch.arange(N, device=kernel.device)[:, None]  # (N, 1) output positions
+    j = torch.arange(K, device=kernel.device)[None, :]  # (1, K) taps
+    p = n + j - c  # (N, K): the input position that tap j of output n reads
+    w = kernel.expand(N, K)  # (N, K): the weight it reads with
+    if padding == "zeros":
+        w = w * ((p >= 0) & (p < N))  # taps that fall off the sequence read zeros
+        p = p.clamp(0, N - 1)  # (their weight is 0, so any valid index will do)
+    elif padding == "circular":
+        p = p % N
+    else:  # replicate
+        p = p.clamp(0, N - 1)
+    A = torch.zeros(N, N, dtype=kernel.dtype, device=kernel.device)
+    return A.scatter_add(1, p, w)  # A[n, p[n, j]] += w[n, j]; several taps may share one input
 
 
-def self_attention(
-    X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, mask: Tensor | None = None
+def convolve_tokens(X: Tensor, kernel: Tensor | Sequence[float], padding: str = "zeros") -> Tensor:
+    """Convolve every feature column of ``X`` with ``kernel`` using ``F.conv1d``.
+
+    The efficient counterpart of ``convolution_as_attention(kernel, N, padding) @ X`` (tested
+    equal): the same kernel is applied to each of the ``D`` features separately, as attention
+    applies the same weights to every feature (Turner 2023, sec. 2.1).
+
+    Args:
+        X: tokens ``(..., N, D)``, one per row.
+        kernel: ``K`` taps, as in :func:`convolution_as_attention`.
+        padding: ``"zeros"``, ``"circular"`` or ``"replicate"``.
+
+    Returns:
+        ``Y`` of shape ``(..., N, D)``.
+
+    Raises:
+        ValueError / TypeError: as :func:`convolution_as_attention`, and when ``X`` is not
+        ``(..., N, D)`` or its dtype differs from the kernel's.
+    """
+    if not isinstance(X, Tensor) or X.dim() < 2:
+        got = tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__
+        raise ValueError(f"X must be a tensor of shape (..., N, D) with rows as tokens, got {got}")
+    kernel = _as_kernel(
+        kernel if isinstance(kernel, Tensor) else torch.as_tensor(kernel, dtype=X.dtype)
+    )
+    if kernel.dtype != X.dtype:
+        raise TypeError(
+            f"X has dtype {X.dtype} but the kernel has {kernel.dtype}; cast one with .to()"
+        )
+    *lead, N, D = X.shape
+    K = kernel.numel()
+    _check_size(K, N, padding)
+    c = (K - 1) // 2
+    x = X.transpose(-2, -1).reshape(-1, 1, N)  # (B*D, 1, N): one channel per feature column
+    mode = {"zeros": "constant", "circular": "circular", "replicate": "replicate"}[padding]
+    x = F.pad(x, (c, K - 1 - c), mode=mode)  # (B*D, 1, N + K - 1)
+    y = F.conv1d(x, kernel.view(1, 1, K))  # (B*D, 1, N)
+    return y.reshape(*lead, D, N).transpose(-2, -1)  # (..., N, D)
+
+
+def moving_average_kernel(
+    width: int, dtype: torch.dtype | None = None, device: torch.device | str | None = None
 ) -> Tensor:
-    r"""Efficient single-head self-attention, book eq. ``eq-self-attention``; same contract as
-    :func:`self_attention_reference`, computed with one fused projection and
-    :func:`scaled_dot_product_attention`."""
-    _check_weights(X, W_q=W_q, W_k=W_k, W_v=W_v)
-    d_k = W_q.shape[1]
-    QKV = X @ torch.cat([W_q, W_k, W_v], dim=1)  # (..., N, 2 d_k + d_v), one matmul
-    Q, K, V = QKV.split([d_k, d_k, W_v.shape[1]], dim=-1)
-    return scaled_dot_product_attention(Q, K, V, mask)
+    """The ``width`` taps ``1/width``: non-negative and summing to one, a valid row of attention."""
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"width must be a positive int, got {width!r}")
+    return torch.full((width,), 1.0 / width, dtype=dtype, device=device)
+
+
+def constraint_violations(A: Tensor, atol: float = 1e-6) -> list[str]:
+    r"""Which constraints on attention weights (book eq. ``eq-avg-constraints``) ``A`` breaks.
+
+    .. math:: a_{nm} \ge 0, \qquad \sum_m a_{nm} = 1 \quad \text{for every } n
+
+    (Bishop & Bishop 2024, eqs. 3-4: the constraints hold separately for every output ``n``.)
+
+    Args:
+        A: weights ``(..., N, M)``, rows are outputs.
+        atol: tolerance for a negative entry and for a row sum's distance from one.
+
+    Returns:
+        An empty list when ``A`` is a valid matrix of attention weights, else one sentence per
+        broken constraint, naming how many rows break it and by how much.
+    """
+    if not isinstance(A, Tensor) or A.dim() < 2:
+        got = tuple(A.shape) if isinstance(A, Tensor) else type(A).__name__
+        raise ValueError(f"A must be a tensor of shape (..., N, M), rows are outputs; got {got}")
+    A = A.detach()
+    problems = []
+    if not torch.isfinite(A).all():
+        problems.append("some weights are NaN or infinite")
+        return problems
+    negative_rows = (A < -atol).any(dim=-1)  # (..., N)
+    if negative_rows.any():
+        problems.append(
+            f"{int(negative_rows.sum())} of {negative_rows.numel()} rows have negative weights "
+            f"(smallest {float(A.min()):.4g}); weights must be >= 0"
+        )
+    row_sums = A.sum(dim=-1)  # (..., N)
+    off = (row_sums - 1).abs() > atol
+    if off.any():
+        problems.append(
+            f"{int(off.sum())} of {off.numel()} rows do not sum to one (row sums from "
+            f"{float(row_sums.min()):.4g} to {float(row_sums.max()):.4g})"
+        )
+    return problems

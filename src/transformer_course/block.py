@@ -10,15 +10,19 @@ to it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .multihead import KVCache, MultiHeadAttention
+from .multihead import SelfAttention
+
+if TYPE_CHECKING:
+    from .language_models import KVCache
 
 __all__ = [
     "MLP",
-    "DecoderBlock",
     "LayerNorm",
     "PostNormBlock",
     "PreNormBlock",
@@ -106,7 +110,13 @@ class MLP(nn.Module):
 
 
 class _Block(nn.Module):
-    """Parts shared by both arrangements; subclasses define only ``forward``."""
+    """Parts shared by both arrangements; subclasses define only ``forward``.
+
+    ``final_norm`` says whether a stack of these blocks needs a LayerNorm after the last one (a pre-norm
+    residual stream is never normalised otherwise).
+    """
+
+    final_norm: ClassVar[bool]
 
     def __init__(
         self,
@@ -116,9 +126,10 @@ class _Block(nn.Module):
         activation: str = "relu",
         dropout: float = 0.0,
         eps: float = 1e-5,
+        causal: bool = False,
     ) -> None:
         super().__init__()
-        self.attn = MultiHeadAttention(d_model, H, dropout=dropout)
+        self.attn = SelfAttention(d_model, H, causal=causal, dropout=dropout)
         self.mlp = MLP(d_model, d_ff or 4 * d_model, activation, dropout)
         self.norm1 = LayerNorm(d_model, eps)
         self.norm2 = LayerNorm(d_model, eps)
@@ -155,14 +166,12 @@ class PostNormBlock(_Block):
     Equals ``nn.TransformerEncoderLayer(norm_first=False, batch_first=True)`` with copied weights.
     """
 
+    final_norm = False
+
     def forward(
-        self,
-        X: Tensor,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        cache: KVCache | None = None,
+        self, X: Tensor, mask: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
-        Z = self.norm1(X + self.drop1(self.attn(X, mask=mask, causal=causal, cache=cache)))
+        Z = self.norm1(X + self.drop1(self.attn(X, mask, cache)))  # (B, N, D)
         return self.norm2(Z + self.drop2(self.mlp(Z)))  # (B, N, D)
 
 
@@ -175,73 +184,28 @@ class PreNormBlock(_Block):
     Equals ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)`` with copied weights.
     """
 
+    final_norm = True
+
     def forward(
-        self,
-        X: Tensor,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        cache: KVCache | None = None,
+        self, X: Tensor, mask: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
-        Z = X + self.drop1(self.attn(self.norm1(X), mask=mask, causal=causal, cache=cache))
+        Z = X + self.drop1(self.attn(self.norm1(X), mask, cache))  # (B, N, D)
         return Z + self.drop2(self.mlp(self.norm2(Z)))  # (B, N, D)
 
 
-class DecoderBlock(nn.Module):
-    r"""Pre-norm decoder block with cross-attention, book eq. ``eq-ed-decoder`` (Vaswani et al. 2017;
-    Dramko 2025 sec. 5.1):
-
-    .. math:: Z_1 = X + \mathrm{MHSA}_\text{causal}(\mathrm{LN}(X)),\quad
-              Z_2 = Z_1 + \mathrm{MHA}(\mathrm{LN}(Z_1), H_\text{enc}),\quad
-              Y = Z_2 + \mathrm{MLP}(\mathrm{LN}(Z_2))
-
-    In the cross-attention the queries come from the decoder stream ``LN(Z_1)`` and the keys and values
-    from the encoder's output ``H_enc`` (``memory``). ``memory_mask`` is bool ``(B, N, M)`` (``True`` =
-    may attend), e.g. to hide padded source tokens.
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        H: int,
-        d_ff: int | None = None,
-        activation: str = "gelu",
-        dropout: float = 0.0,
-    ) -> None:
-        super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, H, dropout=dropout)
-        self.cross_attn = MultiHeadAttention(d_model, H, dropout=dropout)
-        self.mlp = MLP(d_model, d_ff or 4 * d_model, activation, dropout)
-        self.norm1, self.norm2, self.norm3 = (
-            LayerNorm(d_model),
-            LayerNorm(d_model),
-            LayerNorm(d_model),
-        )
-        self.drop = nn.Dropout(dropout)
-
-    def forward(
-        self,
-        X: Tensor,
-        memory: Tensor,
-        memory_mask: Tensor | None = None,
-        self_cache: KVCache | None = None,
-        cross_cache: KVCache | None = None,
-    ) -> Tensor:
-        Z = X + self.drop(self.self_attn(self.norm1(X), causal=True, cache=self_cache))
-        Z = Z + self.drop(
-            self.cross_attn(self.norm2(Z), memory, mask=memory_mask, cache=cross_cache)
-        )
-        return Z + self.drop(self.mlp(self.norm3(Z)))
-
-
 class TransformerStack(nn.Module):
-    r"""``M`` blocks applied in turn, :math:`X^{(m)} = \mathrm{block}_m(X^{(m-1)})` (Turner eq. in sec. 2).
+    r"""``M`` blocks applied in turn, book eq. ``eq-block-stack``:
+    :math:`X^{(m)} = \mathrm{block}_m(X^{(m-1)})`, then a final LayerNorm when the blocks need one.
 
     Pre-norm stacks end with a final LayerNorm (the residual stream is never normalised otherwise), as
-    in GPT-2 and ``nn.TransformerEncoder(norm=LayerNorm)``; post-norm stacks need none.
+    in GPT-2 and ``nn.TransformerEncoder(norm=LayerNorm)``; post-norm stacks need none. The block class
+    says which (``final_norm``). A stack of non-causal blocks is an encoder; with ``causal=True`` it is
+    the decoder of a decoder-only language model.
 
     Args:
         block: ``PreNormBlock`` or ``PostNormBlock`` (the class).
-        n_layers: ``M``; the other keyword arguments go to each block.
+        n_layers: ``M``; the other keyword arguments (``d_ff``, ``activation``, ``dropout``, ``eps``,
+            ``causal``) go to each block.
     """
 
     def __init__(self, block: type[_Block], n_layers: int, d_model: int, H: int, **kwargs) -> None:
@@ -250,19 +214,15 @@ class TransformerStack(nn.Module):
             raise ValueError(f"a stack needs at least one block, got n_layers={n_layers}")
         self.blocks = nn.ModuleList(block(d_model, H, **kwargs) for _ in range(n_layers))
         eps = kwargs.get("eps", 1e-5)
-        self.final_norm = LayerNorm(d_model, eps) if block is PreNormBlock else nn.Identity()
+        self.final_norm = LayerNorm(d_model, eps) if block.final_norm else nn.Identity()
 
     def forward(
-        self,
-        X: Tensor,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        caches: list[KVCache] | None = None,
+        self, X: Tensor, mask: Tensor | None = None, caches: list[KVCache] | None = None
     ) -> Tensor:
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(
                 f"{len(caches)} caches for {len(self.blocks)} blocks; pass one per block"
             )
         for m, block in enumerate(self.blocks):
-            X = block(X, mask=mask, causal=causal, cache=None if caches is None else caches[m])
+            X = block(X, mask, None if caches is None else caches[m])  # (B, N, D)
         return self.final_norm(X)

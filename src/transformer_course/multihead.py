@@ -1,40 +1,54 @@
-"""Multi-head attention: Turner's sum over heads, the concat + W_o form, and the efficient module.
+"""Multi-head attention: the concat + W_o form, one function over split heads, and the self-attention layer.
 
 Chapter: *Multi-head self-attention* (Turner 2023 eq. 4-6 and footnote 13; Bishop & Bishop 2024 sec.
-2.11 and Algorithm 2; MIT 6.390 sec. 9.4.2). Rows are tokens. With ``H`` heads of width
-``d_k = D / H``, head ``h`` uses columns ``h*d_k : (h+1)*d_k`` of ``W_q``, ``W_k``, ``W_v`` (each
-``D x D``) and rows ``h*d_k : (h+1)*d_k`` of ``W_o`` (``D x D``).
+2.11 and Algorithm 2; MIT 6.390 sec. 9.4.2); Turner's sum-over-heads form is in :mod:`.notation`. Rows are
+tokens. With ``H`` heads of width ``d_k = D / H``, head ``h`` uses columns ``h*d_k : (h+1)*d_k`` of
+``W_q``, ``W_k``, ``W_v`` (each ``D x D``) and rows ``h*d_k : (h+1)*d_k`` of ``W_o`` (``D x D``).
 
-The signatures are cross-attention ready: queries come from ``X`` (``N`` tokens) and keys and values
-from ``Z`` (``M`` tokens), which defaults to ``X`` for self-attention.
+One function, :func:`multi_head_attention`, attends with given queries, keys and values; the layers
+only compute those and merge the heads afterwards. Each layer has one role:
+
+* :class:`SelfAttention` (this chapter): queries, keys and values from the same tokens; causal or not,
+  decided when it is built; optionally a key-value cache (chapter *Autoregressive language models*,
+  :class:`.language_models.KVCache`).
+* :class:`.encoder_decoder.CrossAttention` (chapter *Encoder-decoder*): queries from one sequence, keys
+  and values from another, computed once per source sequence.
+
+Both keep the parameter layout of ``torch.nn.MultiheadAttention`` (:class:`AttentionLayer`), so weights
+copy across both ways and the tests prove the layers equal to PyTorch's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import (
+from .self_attention import (
+    _default_scale,
     _shape,
+    attend,
     causal_mask,
-    scaled_dot_product_attention,
     scaled_dot_product_attention_reference,
 )
 
+if TYPE_CHECKING:  # the cache is taught in chapter 7; only its type is needed here
+    from .language_models import KVCache
+
 __all__ = [
-    "KVCache",
-    "MultiHeadAttention",
+    "AttentionLayer",
+    "SelfAttention",
     "merge_heads",
+    "multi_head_attention",
     "multi_head_attention_reference",
     "split_heads",
 ]
 
 
 def split_heads(T: Tensor, H: int) -> Tensor:
-    """``(..., N, H*d) -> (..., H, N, d)``: give each head its own slice of the features."""
+    """``(..., N, H*d) -> (..., H, N, d)``: give each head its own slice of the features, book eq.
+    ``eq-mh-split``."""
     if T.shape[-1] % H:
         raise ValueError(f"cannot split {T.shape[-1]} features into H={H} equal heads")
     *lead, N, HD = T.shape
@@ -48,7 +62,7 @@ def merge_heads(T: Tensor) -> Tensor:
 
 
 def _check_heads(D: int, H: int) -> None:
-    if not isinstance(H, int) or H < 1:
+    if isinstance(H, bool) or not isinstance(H, int) or H < 1:
         raise ValueError(f"the number of heads H must be a positive int, got {H!r}")
     if D % H:
         divisors = [h for h in range(1, D + 1) if D % h == 0]
@@ -58,15 +72,15 @@ def _check_heads(D: int, H: int) -> None:
         )
 
 
-def _check_mask_for_heads(mask: Tensor | None, B: tuple[int, ...], N: int, M: int) -> None:
+def _check_mask(mask: Tensor | None, B: int, N: int, M: int) -> None:
     if mask is None:
         return
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         raise TypeError("mask must be a bool tensor (True = may attend)")
-    if mask.shape not in ((N, M), (*B, N, M)):
+    if mask.shape not in ((N, M), (B, N, M)):
         raise ValueError(
-            f"mask has shape {_shape(mask)} but must be (N, M) = ({N}, {M}) or {(*B, N, M)}; "
-            "one mask is shared by all heads"
+            f"mask has shape {_shape(mask)} but must be (N, M) = ({N}, {M}) or (B, N, M) = "
+            f"({B}, {N}, {M}); one mask is shared by all heads"
         )
 
 
@@ -86,7 +100,8 @@ def multi_head_attention_reference(
               (Z W_k^{(h)})^\top}{\sqrt{d_k}}\Big) Z W_v^{(h)}, \qquad
               Y = [\mathrm{head}_1, \dots, \mathrm{head}_H]\, W_o
 
-    Written as a loop over heads so that it reads like the equation.
+    Written as a loop over heads so that it reads like the equation; ``Z = X`` is self-attention, another
+    sequence ``Z`` is cross-attention (book eq. ``eq-ed-cross``).
 
     Args:
         X: queries' tokens ``(..., N, D)``; Z: keys' and values' tokens ``(..., M, D)`` (default ``X``).
@@ -115,52 +130,56 @@ def multi_head_attention_reference(
     return torch.cat(heads, dim=-1) @ W_o  # (..., N, H*d_k) @ (D, D) -> (..., N, D)
 
 
-@dataclass
-class KVCache:
-    r"""Keys and values already computed for one attention layer, each ``(B, H, t, d_k)`` (Dramko 5.3).
+def multi_head_attention(
+    Q: Tensor,
+    K: Tensor,
+    V: Tensor,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    r"""Every head attends at once, book eq. ``eq-mh-heads``: the one function behind every layer.
 
-    Self-attention appends the new tokens' keys and values at every step,
-    :math:`K_{1:t} = [K_{1:t-1}; K_t]`. A ``static`` cache (cross-attention) is filled once from the
-    encoder's output and then only read.
+    .. math:: \mathrm{head}_h = \operatorname{softmax}_\text{row}\!\Big(
+              \frac{Q_h K_h^\top}{\sqrt{d_k}} + \log[\mathsf{mask}]\Big) V_h
+
+    Args:
+        Q: ``(B, H, N, d_k)`` queries, heads already split (:func:`split_heads`).
+        K: ``(B, H, M, d_k)``; V: ``(B, H, M, d_v)``.
+        mask: bool ``(N, M)`` or ``(B, N, M)``, ``True`` = may attend, the same for every head.
+        causal: the ``N`` queries are the last ``N`` of the ``M`` positions and see no later key
+            (:func:`.self_attention.causal_mask`); combined with ``mask`` when both are given.
+        dropout_p: dropout on the attention weights (training only; the caller decides).
+
+    Returns:
+        ``(B, H, N, d_v)``. A query that may attend to nothing gets zeros.
+
+    The shapes are the callers' to check (the layers do, once); PyTorch's fused kernel does the work.
     """
-
-    K: Tensor | None = None
-    V: Tensor | None = None
-    static: bool = False
-
-    def __len__(self) -> int:
-        return 0 if self.K is None else self.K.shape[-2]
-
-    def append(self, K_new: Tensor, V_new: Tensor) -> tuple[Tensor, Tensor]:
-        if self.K is None:
-            self.K, self.V = K_new, V_new
-        else:
-            self.K = torch.cat([self.K, K_new], dim=-2)  # (B, H, t, d_k)
-            self.V = torch.cat([self.V, V_new], dim=-2)
-        return self.K, self.V
+    N, M = Q.shape[-2], K.shape[-2]
+    scale = _default_scale(Q, None)
+    if causal and mask is None and N == M:
+        return attend(Q, K, V, None, scale, dropout_p, causal=True)  # PyTorch's is_causal fast path
+    if causal and not (mask is None and N == 1):  # a single last query may see every key: no mask
+        future = causal_mask(N, M, device=Q.device)  # (N, M)
+        mask = future if mask is None else mask & future
+    if mask is not None and mask.dim() == 3:
+        mask = mask[:, None]  # (B, 1, N, M): the same mask for every head
+    return attend(Q, K, V, mask, scale, dropout_p)
 
 
-class MultiHeadAttention(nn.Module):
-    r"""Efficient multi-head attention, book eq. ``eq-mh-concat``; self- or cross-attention.
+class AttentionLayer(nn.Module):
+    r"""Parameters of a multi-head attention layer in ``torch.nn.MultiheadAttention``'s layout.
 
-    Parameters follow ``torch.nn.MultiheadAttention`` so weights copy across directly:
     ``in_proj`` is an ``nn.Linear(D, 3D)`` whose weight stacks ``[W_q^T; W_k^T; W_v^T]`` (``nn.Linear``
-    stores ``(out, in)`` and computes ``x @ weight.T``), and ``out_proj`` is ``nn.Linear(D, D)`` holding
-    ``W_o^T``. Self-attention uses one fused matmul for Q, K and V; the heads run in one call of
-    ``F.scaled_dot_product_attention`` (through :func:`.attention.scaled_dot_product_attention`, so a fully
-    masked query row gives zeros, not NaN).
+    stores ``(out, in)`` and computes ``x @ weight.T``); ``out_proj`` is ``nn.Linear(D, D)`` holding
+    ``W_o^T``. :class:`SelfAttention` and :class:`.encoder_decoder.CrossAttention` add a ``forward``.
 
     Args:
         d_model: token width ``D``.
         H: number of heads; ``D`` must be divisible by ``H``.
         bias: learn biases in the projections.
         dropout: dropout probability on the attention weights while training.
-
-    Shapes:
-        ``forward(X (B, N, D), Z (B, M, D) | None, mask (N, M) | (B, N, M) | None) -> (B, N, D)``.
-        ``causal=True`` masks the future (self-attention only). With a :class:`KVCache`, ``X`` holds
-        only the new tokens; their keys and values are appended to the cache and the queries attend to
-        every cached position up to their own (a static cache is reused as cross-attention memory).
     """
 
     def __init__(self, d_model: int, H: int, bias: bool = True, dropout: float = 0.0) -> None:
@@ -170,57 +189,16 @@ class MultiHeadAttention(nn.Module):
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def forward(
-        self,
-        X: Tensor,
-        Z: Tensor | None = None,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        cache: KVCache | None = None,
-    ) -> Tensor:
-        if X.dim() != 3 or X.shape[-1] != self.d_model:
+    def _check_tokens(self, X: Tensor, name: str = "X") -> None:
+        if not isinstance(X, Tensor) or X.dim() != 3 or X.shape[-1] != self.d_model:
+            got = _shape(X) if isinstance(X, Tensor) else type(X).__name__
             raise ValueError(
-                f"X has shape {_shape(X)} but MultiHeadAttention(d_model={self.d_model}) expects "
-                f"(B, N, {self.d_model}); add a batch dimension with X.unsqueeze(0) if needed"
+                f"{name} has shape {got} but {type(self).__name__}(d_model={self.d_model}) expects "
+                f"(B, N, {self.d_model}); add a batch dimension with {name}.unsqueeze(0) if needed"
             )
-        D, H = self.d_model, self.H
-        W, b = self.in_proj.weight, self.in_proj.bias
-        if cache is not None and cache.static and len(cache):
-            Q = F.linear(X, W[:D], None if b is None else b[:D])  # memory K, V already cached
-            K, V = cache.K, cache.V
-        elif Z is None:
-            Q, K, V = F.linear(X, W, b).split(D, dim=-1)  # one matmul: (B, N, D) each
-        else:
-            if Z.dim() != 3 or Z.shape[0] != X.shape[0] or Z.shape[-1] != D:
-                raise ValueError(
-                    f"Z has shape {_shape(Z)} but must be (B, M, D) = ({X.shape[0]}, M, {D}) "
-                    f"to match X {_shape(X)}"
-                )
-            Q = F.linear(X, W[:D], None if b is None else b[:D])  # (B, N, D)
-            K, V = F.linear(Z, W[D:], None if b is None else b[D:]).split(D, dim=-1)  # (B, M, D)
-        Q = split_heads(Q, H)  # (B, H, N, d_k)
-        if not (cache is not None and cache.static and len(cache)):
-            K, V = split_heads(K, H), split_heads(V, H)  # (B, H, M, d_k)
-            if cache is not None:
-                K, V = cache.append(K, V)  # (B, H, t + N, d_k)
-        B, N, M = X.shape[0], X.shape[1], K.shape[-2]
-        _check_mask_for_heads(mask, (B,), N, M)
-        p = self.dropout if self.training else 0.0
-        if causal and mask is None and N == M:
-            Y = scaled_dot_product_attention(Q, K, V, causal=True, dropout_p=p)  # fused path
-        elif causal and mask is None and N == 1 and Z is None:
-            # one new query at the last position: the causal mask row is all True, so skip it
-            Y = scaled_dot_product_attention(Q, K, V, dropout_p=p)
-        else:
-            if causal:
-                if Z is not None:
-                    raise ValueError("causal=True is for self-attention; do not pass Z with it")
-                future = causal_mask(N, M, device=X.device)  # queries are the last N positions
-                mask = future if mask is None else mask & future
-            if mask is not None and mask.dim() == 3:
-                mask = mask[:, None].expand(B, H, N, M)  # the same mask for every head
-            Y = scaled_dot_product_attention(Q, K, V, mask, dropout_p=p)  # (B, H, N, d_k)
-        return self.out_proj(merge_heads(Y))  # (B, N, D)
+
+    def _dropout_p(self) -> float:
+        return self.dropout if self.training else 0.0
 
     @property
     def weights(self) -> dict[str, Tensor]:
@@ -228,7 +206,7 @@ class MultiHeadAttention(nn.Module):
         W_q, W_k, W_v = self.in_proj.weight.detach().split(self.d_model, dim=0)
         return {"W_q": W_q.T, "W_k": W_k.T, "W_v": W_v.T, "W_o": self.out_proj.weight.detach().T}
 
-    def load_from_torch(self, module: nn.MultiheadAttention) -> MultiHeadAttention:
+    def load_from_torch(self, module: nn.MultiheadAttention) -> AttentionLayer:
         """Copy the weights of a ``torch.nn.MultiheadAttention`` (same ``D``, ``H``, bias) into this one."""
         if module.embed_dim != self.d_model or module.num_heads != self.H:
             raise ValueError(
@@ -237,6 +215,8 @@ class MultiHeadAttention(nn.Module):
             )
         if not module._qkv_same_embed_dim:
             raise ValueError("only torch modules with kdim == vdim == embed_dim can be copied")
+        if (module.in_proj_bias is None) != (self.in_proj.bias is None):
+            raise ValueError("one module has biases and the other has none; build both alike")
         with torch.no_grad():
             self.in_proj.weight.copy_(module.in_proj_weight)
             self.out_proj.weight.copy_(module.out_proj.weight)
@@ -246,7 +226,7 @@ class MultiHeadAttention(nn.Module):
         return self
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """A ``torch.nn.MultiheadAttention(batch_first=True)`` with this module's weights."""
+        """A ``torch.nn.MultiheadAttention(batch_first=True)`` with this layer's weights."""
         bias = self.in_proj.bias is not None
         p = self.in_proj.weight
         module = nn.MultiheadAttention(
@@ -265,3 +245,42 @@ class MultiHeadAttention(nn.Module):
                 module.in_proj_bias.copy_(self.in_proj.bias)
                 module.out_proj.bias.copy_(self.out_proj.bias)
         return module
+
+
+class SelfAttention(AttentionLayer):
+    r"""Multi-head self-attention, book eq. ``eq-mh-concat`` with ``Z = X``.
+
+    ``forward(X (B, N, D), mask (N, N) | (B, N, N) | None) -> (B, N, D)``. Queries, keys and values
+    all come from ``X`` through one fused matrix product; the heads attend in one call of
+    :func:`multi_head_attention`; ``W_o`` mixes the concatenated heads.
+
+    Args:
+        d_model, H, bias, dropout: as :class:`AttentionLayer`.
+        causal: token ``n`` attends only to tokens ``m <= n`` (chapter *Autoregressive language
+            models*). Fixed when the layer is built: a decoder layer is causal, an encoder layer is not.
+
+    With a :class:`.language_models.KVCache` (``cache=``), ``X`` holds only the new tokens; their keys
+    and values are written into the cache and the queries attend to every cached position up to their
+    own.
+    """
+
+    def __init__(
+        self, d_model: int, H: int, causal: bool = False, bias: bool = True, dropout: float = 0.0
+    ) -> None:
+        super().__init__(d_model, H, bias, dropout)
+        self.causal = causal
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, H={self.H}, causal={self.causal}"
+
+    def forward(
+        self, X: Tensor, mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        self._check_tokens(X)
+        QKV = self.in_proj(X).split(self.d_model, dim=-1)  # one matmul: (B, N, D) each
+        Q, K, V = (split_heads(T, self.H) for T in QKV)  # (B, H, N, d_k) each
+        if cache is not None:  # chapter 7: the keys and values of the earlier tokens come first
+            K, V = cache.update(K, V)  # (B, H, M, d_k), M = tokens so far
+        _check_mask(mask, X.shape[0], X.shape[1], K.shape[-2])
+        Y = multi_head_attention(Q, K, V, mask, self.causal, self._dropout_p())  # (B, H, N, d_k)
+        return self.out_proj(merge_heads(Y))  # (B, N, D)

@@ -1,4 +1,5 @@
-"""Seeds and devices, used by every chapter, lab and training script.
+"""Seeds, devices, the machine's name and evaluation mode: shared infrastructure of every chapter,
+lab, training run and benchmark.
 
 Library modules never pick a device: they follow their inputs. Only notebooks and scripts call
 :func:`default_device`.
@@ -6,11 +7,17 @@ Library modules never pick a device: they follow their inputs. Only notebooks an
 
 from __future__ import annotations
 
+import contextlib
 import os
+import platform
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
+from torch import nn
+
+__all__ = ["default_device", "eval_mode", "machine", "seed_everything"]
 
 DEVICE_ENV = "TRANSFORMER_COURSE_DEVICE"
 DEVICE_LOG_ENV = "TRANSFORMER_COURSE_DEVICE_LOG"
@@ -66,3 +73,38 @@ def default_device(prefer: str | None = None) -> torch.device:
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(f"{device.type}\n")
     return device
+
+
+def machine(device: torch.device | str = "cpu") -> str:
+    """One line naming where a figure was measured: the GPU, or the CPU model and torch's threads.
+
+    Every benchmark and every page that prints a timing uses this line, so figures always say their
+    machine (and the torch version that produced them).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads "
+        f"(torch {torch.__version__})"
+    )
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Switch ``model`` to evaluation mode (no dropout) and gradients off for the block, then restore
+    whatever mode it was in, even when the block raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)

@@ -1,12 +1,15 @@
 """One training loop for the course: AdamW, warm-up and cosine decay, clipping, periodic evaluation.
 
-Chapters: *Autoregressive language models* first, then every chapter that trains a model. The loop is
-model-agnostic: it takes a function that draws a batch and a function that turns a batch into a loss.
-It never picks a device (the caller does) and uses bf16 autocast only on CUDA.
+Shared infrastructure: chapter *Autoregressive language models* uses it first, then every chapter that
+trains a model. The loop is model-agnostic: it takes a function that draws a batch and a function that
+turns a batch into a loss. It never picks a device (the caller does) and uses bf16 autocast only on
+CUDA. A :class:`Recipe` holds every setting of one model's training run; each model's module defines
+its recipes and the function that runs one, which the benchmarks and the book pages both call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -16,7 +19,9 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: no ipywidgets needed in notebooks
 
-__all__ = ["History", "TrainConfig", "lr_at", "make_optimizer", "train"]
+from .runtime import eval_mode
+
+__all__ = ["History", "Recipe", "TrainConfig", "lr_at", "make_optimizer", "train"]
 
 
 @dataclass(frozen=True)
@@ -35,15 +40,41 @@ class TrainConfig:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """The settings of one training run: optimisation (``train``) and the batch size. Each model's
+    module subclasses it with the model's configuration and what else its data needs.
+
+    A page or a test that must run quicker shrinks only the step count, :meth:`with_steps`; every
+    other setting stays the recipe's.
+    """
+
+    train: TrainConfig
+    batch_size: int
+
+    def with_steps(self, steps: int | None) -> Recipe:
+        """The same recipe trained for ``steps`` steps (the schedule is stretched to fit); ``None``
+        keeps the recipe's own count."""
+        if steps is None:
+            return self
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        return dataclasses.replace(self, train=dataclasses.replace(self.train, max_steps=steps))
+
+
 @dataclass
 class History:
-    """What happened during training, for plots and reports."""
+    """What happened during training, for plots and reports.
+
+    ``evals`` maps each quantity the ``evaluate`` function returns (``"val_loss"``,
+    ``"test_accuracy"``, ...) to its values at the steps in ``eval_step``.
+    """
 
     step: list[int] = field(default_factory=list)
     train_loss: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
     eval_step: list[int] = field(default_factory=list)
-    eval_loss: list[float] = field(default_factory=list)
+    evals: dict[str, list[float]] = field(default_factory=dict)
     seconds: float = 0.0
     steps_done: int = 0
 
@@ -78,7 +109,7 @@ def train(
     next_batch: Callable[[torch.Generator], tuple[Tensor, ...]],
     loss_fn: Callable[[nn.Module, tuple[Tensor, ...]], Tensor],
     cfg: TrainConfig,
-    evaluate: Callable[[nn.Module], float] | None = None,
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
     progress: bool = True,
 ) -> History:
     """Train ``model`` in place and return its :class:`History`.
@@ -88,7 +119,7 @@ def train(
         loss_fn: ``loss_fn(model, batch)`` returns a scalar loss.
         cfg: the :class:`TrainConfig`.
         evaluate: called (in eval mode, without gradients) every ``cfg.eval_interval`` steps and at
-            the end; returns a validation loss.
+            the end; returns named figures, e.g. ``{"val_loss": 1.62}`` (kept in ``History.evals``).
         progress: show a tqdm progress bar.
     """
     device = next(model.parameters()).device
@@ -130,19 +161,15 @@ def train(
         if evaluate is not None and ((step + 1) % cfg.eval_interval == 0 or last):
             hist.seconds += time.perf_counter() - t0  # evaluation time is not training time
             hist.eval_step.append(step + 1)
-            hist.eval_loss.append(_evaluate(model, evaluate))
-            bar.set_postfix(loss=f"{hist.train_loss[-1]:.3f}", val=f"{hist.eval_loss[-1]:.3f}")
+            with eval_mode(model):
+                figures = evaluate(model)
+            for name, value in figures.items():
+                hist.evals.setdefault(name, []).append(float(value))
+            bar.set_postfix(
+                loss=f"{hist.train_loss[-1]:.3f}", **{k: f"{v:.3f}" for k, v in figures.items()}
+            )
             t0 = time.perf_counter()
         if out_of_time:
             break
     hist.seconds += time.perf_counter() - t0
     return hist
-
-
-def _evaluate(model: nn.Module, evaluate: Callable[[nn.Module], float]) -> float:
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        value = float(evaluate(model))
-    model.train(was_training)
-    return value

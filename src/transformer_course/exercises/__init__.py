@@ -8,12 +8,16 @@ of attention weights that do not sum to one, or one of the exercise's known mist
 ``1/sqrt(d_k)`` scale, a softmax over the wrong axis, ...). ``tc.exercises.solution(name)`` prints the
 reference solution's source.
 
-Exercises are defined per chapter in the submodules of this package and registered on import.
+Exercises are defined per chapter: ``exercises/X.py`` registers the exercises ``X.*`` of chapter ``X``.
+Nothing is imported until an exercise is asked for: :func:`check` and :func:`solution` import the one
+chapter module they need, :func:`list_exercises` imports those it lists.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 import textwrap
 import traceback
 from collections.abc import Callable
@@ -23,7 +27,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Exercise", "Feedback", "check", "exercise", "list_exercises", "solution"]
+__all__ = [
+    "Exercise",
+    "Feedback",
+    "Mistake",
+    "check",
+    "exercise",
+    "list_exercises",
+    "randn",
+    "solution",
+]
 
 _REGISTRY: dict[str, Exercise] = {}
 
@@ -46,6 +59,20 @@ class Feedback:
     __repr__ = __str__
 
 
+@dataclass(frozen=True)
+class Mistake:
+    """A typical wrong answer: ``why`` it is wrong (the feedback the learner reads) and ``wrong``, a
+    function that makes the mistake. When an answer equals ``wrong``'s output, ``why`` is the verdict."""
+
+    why: str
+    wrong: Callable[..., Any]
+
+
+def randn(gen: torch.Generator, *shape: int) -> Tensor:
+    """Standard normal float64 inputs of ``shape`` from ``gen`` (float64 lets checkers be strict)."""
+    return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
 @dataclass
 class Exercise:
     """One exercise: a reference ``solution``, an input generator, and known mistakes.
@@ -55,8 +82,8 @@ class Exercise:
         prompt: what to implement (shown by :func:`list_exercises`).
         solution: the reference function.
         make_inputs: ``(generator, trial) -> tuple`` of positional arguments for both functions.
-        mistakes: ``{explanation: wrong_function}``; when the learner's output equals a wrong
-            function's output, the explanation is the feedback.
+        mistakes: the known :class:`Mistake` s; when the learner's output equals a mistake's output,
+            its explanation is the feedback.
         rows_sum_to_one: the output is a matrix of attention weights whose rows sum to one.
         atol, rtol: tolerances of the comparison (float64 inputs are used, so these are tight).
     """
@@ -65,7 +92,7 @@ class Exercise:
     prompt: str
     solution: Callable[..., Any]
     make_inputs: Callable[[torch.Generator, int], tuple]
-    mistakes: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    mistakes: list[Mistake] = field(default_factory=list)
     rows_sum_to_one: bool = False
     atol: float = 1e-8
     rtol: float = 1e-6
@@ -117,9 +144,9 @@ class Exercise:
                 return f"expected a torch.Tensor, got {type(got).__name__}."
         got = got.detach().to(expected.dtype)
         if got.shape != expected.shape:
-            for explanation, wrong in self.mistakes.items():  # a known mistake may change the shape
-                if _close(got, torch.as_tensor(wrong(*args)).to(expected.dtype), self):
-                    return explanation
+            for mistake in self.mistakes:  # a known mistake may change the shape
+                if _close(got, torch.as_tensor(mistake.wrong(*args)).to(expected.dtype), self):
+                    return mistake.why
             if got.dim() >= 2 and got.mT.shape == expected.shape and _close(got.mT, expected, self):
                 return (
                     f"off by a transpose: you returned shape {tuple(got.shape)}, expected "
@@ -130,9 +157,9 @@ class Exercise:
             return "your output contains NaN or inf; look for exp() overflow or a division by zero."
         if _close(got, expected, self):
             return None
-        for explanation, wrong in self.mistakes.items():
-            if _close(got, torch.as_tensor(wrong(*args)).to(expected.dtype), self):
-                return explanation
+        for mistake in self.mistakes:
+            if _close(got, torch.as_tensor(mistake.wrong(*args)).to(expected.dtype), self):
+                return mistake.why
         if self.rows_sum_to_one:
             row_sums = got.sum(-1)
             if not torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-6):
@@ -187,11 +214,23 @@ def exercise(**kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]
     return register
 
 
+def _chapters() -> list[str]:
+    """The chapter modules of this package, e.g. ``["attention", "block", ...]``."""
+    return sorted(info.name for info in pkgutil.iter_modules(__path__))
+
+
+def _load(chapter: str) -> None:
+    """Import ``exercises/<chapter>.py``, which registers its exercises (once)."""
+    if chapter in _chapters():
+        importlib.import_module(f"{__name__}.{chapter}")
+
+
 def _get(name: str) -> Exercise:
+    _load(name.split(".", 1)[0])
     try:
         return _REGISTRY[name]
     except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
+        known = ", ".join(list_exercises())
         raise KeyError(f"no exercise named {name!r}; known exercises: {known}") from None
 
 
@@ -209,17 +248,9 @@ def solution(name: str) -> str:
 
 
 def list_exercises(prefix: str = "") -> list[str]:
-    """Names of the registered exercises starting with ``prefix`` (e.g. ``"notation."``)."""
+    """Names of the exercises starting with ``prefix`` (e.g. ``"notation."``), importing the chapter
+    modules that may hold them."""
+    for chapter in _chapters():
+        if chapter.startswith(prefix.split(".", 1)[0]):
+            _load(chapter)
     return sorted(n for n in _REGISTRY if n.startswith(prefix))
-
-
-def _register_all() -> None:
-    """Import every chapter module of this package; each registers its exercises on import."""
-    import importlib
-    import pkgutil
-
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
-
-
-_register_all()

@@ -15,13 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from ..block import MLP, LayerNorm
-from ..multihead import MultiHeadAttention
-from . import exercise
-
-
-def _r(gen: torch.Generator, *shape: int) -> Tensor:
-    return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
+from ..multihead import SelfAttention
+from . import Mistake, exercise, randn
 
 # ---------------------------------------------------------------------------------------------------
 # 1. LayerNorm of every token, from scratch
@@ -30,9 +25,11 @@ def _r(gen: torch.Generator, *shape: int) -> Tensor:
 def _layer_norm_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, Tensor, float]:
     B, N, D = ((2, 3, 5), (3, 4, 6), (2, 6, 8))[trial % 3]
     eps = (0.1, 1e-3, 0.01)[trial % 3]
-    scale = torch.exp(2.0 * _r(gen, B, N, 1))  # (B, N, 1): some tokens vary little, so eps matters
-    X = 1.5 + scale * _r(gen, B, N, D)  # (B, N, D), not centred
-    return X, 1.0 + 0.5 * _r(gen, D), 0.5 * _r(gen, D), eps
+    scale = torch.exp(
+        2.0 * randn(gen, B, N, 1)
+    )  # (B, N, 1): some tokens vary little, so eps matters
+    X = 1.5 + scale * randn(gen, B, N, D)  # (B, N, D), not centred
+    return X, 1.0 + 0.5 * randn(gen, D), 0.5 * randn(gen, D), eps
 
 
 def _ln(X: Tensor, gamma: Tensor, beta: Tensor, eps: float, dim=-1, unbiased=False, inside=True):
@@ -50,31 +47,44 @@ def _ln(X: Tensor, gamma: Tensor, beta: Tensor, eps: float, dim=-1, unbiased=Fal
         "sqrt(var + eps) with the biased variance (divide by D), then multiply by gamma and add beta."
     ),
     make_inputs=_layer_norm_inputs,
-    mistakes={
-        "you normalised each feature over the tokens of a sequence (dim=-2); LayerNorm normalises "
-        "each token over its D features (dim=-1).": lambda X, g, b, eps: _ln(X, g, b, eps, dim=-2),
-        "you normalised each feature over the batch and the tokens (dims 0 and 1): that is "
-        "BatchNorm's axis. LayerNorm uses each token's own D features (dim=-1).": (
-            lambda X, g, b, eps: _ln(X, g, b, eps, dim=(0, 1))
+    mistakes=[
+        Mistake(
+            "you normalised each feature over the tokens of a sequence (dim=-2); LayerNorm normalises "
+            "each token over its D features (dim=-1).",
+            lambda X, g, b, eps: _ln(X, g, b, eps, dim=-2),
         ),
-        "you used the unbiased variance (divide by D - 1); LayerNorm divides by D "
-        "(X.var(dim=-1, unbiased=False), as torch.nn.LayerNorm does).": (
-            lambda X, g, b, eps: _ln(X, g, b, eps, unbiased=True)
+        Mistake(
+            "you normalised each feature over the batch and the tokens (dims 0 and 1): that is "
+            "BatchNorm's axis. LayerNorm uses each token's own D features (dim=-1).",
+            lambda X, g, b, eps: _ln(X, g, b, eps, dim=(0, 1)),
         ),
-        "eps is outside the square root: you divided by sigma + eps (Dramko's form); "
-        "torch.nn.LayerNorm divides by sqrt(var + eps).": (
-            lambda X, g, b, eps: _ln(X, g, b, eps, inside=False)
+        Mistake(
+            "you used the unbiased variance (divide by D - 1); LayerNorm divides by D "
+            "(X.var(dim=-1, unbiased=False), as torch.nn.LayerNorm does).",
+            lambda X, g, b, eps: _ln(X, g, b, eps, unbiased=True),
         ),
-        "eps is missing: divide by sqrt(var + eps), not sqrt(var); it matters for tokens whose "
-        "features vary little.": lambda X, g, b, eps: _ln(X, g, b, 0.0),
-        "gamma and beta are swapped: gamma multiplies the normalised value and beta is added.": (
-            lambda X, g, b, eps: _ln(X, b, g, eps)
+        Mistake(
+            "eps is outside the square root: you divided by sigma + eps (Dramko's form); "
+            "torch.nn.LayerNorm divides by sqrt(var + eps).",
+            lambda X, g, b, eps: _ln(X, g, b, eps, inside=False),
         ),
-        "the mean was not subtracted: LayerNorm centres each token before dividing by its "
-        "standard deviation.": lambda X, g, b, eps: (
-            g * X / torch.sqrt(X.var(dim=-1, keepdim=True, unbiased=False) + eps) + b
+        Mistake(
+            "eps is missing: divide by sqrt(var + eps), not sqrt(var); it matters for tokens whose "
+            "features vary little.",
+            lambda X, g, b, eps: _ln(X, g, b, 0.0),
         ),
-    },
+        Mistake(
+            "gamma and beta are swapped: gamma multiplies the normalised value and beta is added.",
+            lambda X, g, b, eps: _ln(X, b, g, eps),
+        ),
+        Mistake(
+            "the mean was not subtracted: LayerNorm centres each token before dividing by its "
+            "standard deviation.",
+            lambda X, g, b, eps: (
+                g * X / torch.sqrt(X.var(dim=-1, keepdim=True, unbiased=False) + eps) + b
+            ),
+        ),
+    ],
 )
 def layer_norm(X: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
     mu = X.mean(dim=-1, keepdim=True)  # (B, N, 1): one mean per token
@@ -102,13 +112,13 @@ class _Sublayer:
 def _randomise(module: nn.Module, gen: torch.Generator, std: float) -> nn.Module:
     module = module.double().requires_grad_(False)
     for p in module.parameters():
-        p.copy_(std * _r(gen, *p.shape))
+        p.copy_(std * randn(gen, *p.shape))
     return module
 
 
 def _block_inputs(gen: torch.Generator, trial: int) -> tuple:
     B, N, D, H = ((2, 4, 6, 2), (1, 5, 8, 4), (3, 3, 4, 1))[trial % 3]
-    attn = _randomise(MultiHeadAttention(D, H), gen, 1.0 / math.sqrt(D))
+    attn = _randomise(SelfAttention(D, H), gen, 1.0 / math.sqrt(D))
     mlp = _randomise(MLP(D, 2 * D), gen, 1.0 / math.sqrt(D))
     norm1, norm2 = _randomise(LayerNorm(D), gen, 1.0), _randomise(LayerNorm(D), gen, 1.0)
     with torch.no_grad():
@@ -116,10 +126,10 @@ def _block_inputs(gen: torch.Generator, trial: int) -> tuple:
         norm2.weight.add_(1.0)
         norm1.bias.mul_(0.3)
         norm2.bias.mul_(0.3)
-    X = 0.5 + 3.0 * _r(gen, B, N, D)  # raw scale 3, not centred: LN(X) is far from X
+    X = 0.5 + 3.0 * randn(gen, B, N, D)  # raw scale 3, not centred: LN(X) is far from X
     return (
         X,
-        _Sublayer(f"attn (MultiHeadAttention, D={D}, H={H})", attn),
+        _Sublayer(f"attn (SelfAttention, D={D}, H={H})", attn),
         _Sublayer(f"mlp (MLP, D={D}, d_ff={2 * D})", mlp),
         _Sublayer(f"norm1 (LayerNorm({D}))", norm1),
         _Sublayer(f"norm2 (LayerNorm({D}))", norm2),
@@ -139,39 +149,48 @@ def _seed_001_block(X, attn, mlp, norm1, norm2):
         "Return the pre-norm block's output: Z = X + attn(norm1(X)), then Z + mlp(norm2(Z))."
     ),
     make_inputs=_block_inputs,
-    mistakes={
-        "this is the post-norm order (norm after the residual sum, as in Vaswani et al. and "
-        "Bishop's Algorithm 3): Z = norm1(X + attn(X)). Pre-norm normalises the sub-layer's "
-        "input only: Z = X + attn(norm1(X)), then Z + mlp(norm2(Z)).": (
-            lambda X, attn, mlp, norm1, norm2: (lambda Z: norm2(Z + mlp(Z)))(norm1(X + attn(X)))
+    mistakes=[
+        Mistake(
+            "this is the post-norm order (norm after the residual sum, as in Vaswani et al. and "
+            "Bishop's Algorithm 3): Z = norm1(X + attn(X)). Pre-norm normalises the sub-layer's "
+            "input only: Z = X + attn(norm1(X)), then Z + mlp(norm2(Z)).",
+            lambda X, attn, mlp, norm1, norm2: (lambda Z: norm2(Z + mlp(Z)))(norm1(X + attn(X))),
         ),
-        "the first residual starts from the normalised input, norm1(X) + attn(norm1(X)) (the slip "
-        "in the Jupyter Book retelling of Turner): the identity path must carry the raw X, "
-        "Z = X + attn(norm1(X)).": _seed_001_block,
-        "both residuals start from normalised inputs (norm(X) + sublayer(norm(X))): the identity "
-        "path must carry the un-normalised stream, Z = X + attn(norm1(X)) and Z + mlp(norm2(Z)).": (
+        Mistake(
+            "the first residual starts from the normalised input, norm1(X) + attn(norm1(X)) (the slip "
+            "in the Jupyter Book retelling of Turner): the identity path must carry the raw X, "
+            "Z = X + attn(norm1(X)).",
+            _seed_001_block,
+        ),
+        Mistake(
+            "both residuals start from normalised inputs (norm(X) + sublayer(norm(X))): the identity "
+            "path must carry the un-normalised stream, Z = X + attn(norm1(X)) and Z + mlp(norm2(Z)).",
             lambda X, attn, mlp, norm1, norm2: (lambda Zn: Zn + mlp(Zn))(
                 norm2(norm1(X) + attn(norm1(X)))
-            )
+            ),
         ),
-        "the MLP reads the block's input X instead of Z = X + attn(norm1(X)): that is the "
-        "'parallel' block of GPT-J and PaLM, not the sequential pre-norm block.": (
-            lambda X, attn, mlp, norm1, norm2: X + attn(norm1(X)) + mlp(norm2(X))
+        Mistake(
+            "the MLP reads the block's input X instead of Z = X + attn(norm1(X)): that is the "
+            "'parallel' block of GPT-J and PaLM, not the sequential pre-norm block.",
+            lambda X, attn, mlp, norm1, norm2: X + attn(norm1(X)) + mlp(norm2(X)),
         ),
-        "norm1 and norm2 are swapped: norm1 belongs to the attention sub-layer, norm2 to the MLP.": (
-            lambda X, attn, mlp, norm1, norm2: (lambda Z: Z + mlp(norm1(Z)))(X + attn(norm2(X)))
+        Mistake(
+            "norm1 and norm2 are swapped: norm1 belongs to the attention sub-layer, norm2 to the MLP.",
+            lambda X, attn, mlp, norm1, norm2: (lambda Z: Z + mlp(norm1(Z)))(X + attn(norm2(X))),
         ),
-        "the residual connections are missing: add each sub-layer's output to its input stream, "
-        "Z = X + attn(norm1(X)) and Z + mlp(norm2(Z)).": (
-            lambda X, attn, mlp, norm1, norm2: mlp(norm2(attn(norm1(X))))
+        Mistake(
+            "the residual connections are missing: add each sub-layer's output to its input stream, "
+            "Z = X + attn(norm1(X)) and Z + mlp(norm2(Z)).",
+            lambda X, attn, mlp, norm1, norm2: mlp(norm2(attn(norm1(X)))),
         ),
-        "you normalised the block's output as well: a pre-norm block returns Z + mlp(norm2(Z)) "
-        "un-normalised (a stack applies one final LayerNorm after its last block).": (
+        Mistake(
+            "you normalised the block's output as well: a pre-norm block returns Z + mlp(norm2(Z)) "
+            "un-normalised (a stack applies one final LayerNorm after its last block).",
             lambda X, attn, mlp, norm1, norm2: (lambda Z: norm2(Z + mlp(norm2(Z))))(
                 X + attn(norm1(X))
-            )
+            ),
         ),
-    },
+    ],
 )
 def prenorm_block(X: Tensor, attn, mlp, norm1, norm2) -> Tensor:
     Z = X + attn(norm1(X))  # (B, N, D): the identity path carries the raw X
@@ -184,7 +203,7 @@ def prenorm_block(X: Tensor, attn, mlp, norm1, norm2) -> Tensor:
 
 def _kron_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
     N, D_in, D_out = ((3, 2, 2), (2, 3, 4), (4, 3, 2))[trial % 3]
-    return _r(gen, D_in, D_out), N
+    return randn(gen, D_in, D_out), N
 
 
 @exercise(
@@ -195,17 +214,24 @@ def _kron_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
         "(reshape(-1) stacks the rows: token 1's features, then token 2's, ...)."
     ),
     make_inputs=_kron_inputs,
-    mistakes={
-        "the diagonal blocks must be W^T, not W: row n of X W is W^T x_n as a column vector, so "
-        "M = kron(I_N, W.T).": lambda W, N: torch.kron(torch.eye(N, dtype=W.dtype), W),
-        "the factors are swapped: kron(W.T, I_N) acts on the columns-first flattening "
-        "X.T.reshape(-1); for rows-first X.reshape(-1) the identity comes first, "
-        "kron(I_N, W.T).": lambda W, N: torch.kron(W.T.contiguous(), torch.eye(N, dtype=W.dtype)),
-        "every block holds W^T, so each output token would sum over all input tokens; the map acts "
-        "on each token alone, so the off-diagonal blocks are zero: kron(I_N, W.T).": (
-            lambda W, N: torch.kron(torch.ones(N, N, dtype=W.dtype), W.T.contiguous())
+    mistakes=[
+        Mistake(
+            "the diagonal blocks must be W^T, not W: row n of X W is W^T x_n as a column vector, so "
+            "M = kron(I_N, W.T).",
+            lambda W, N: torch.kron(torch.eye(N, dtype=W.dtype), W),
         ),
-    },
+        Mistake(
+            "the factors are swapped: kron(W.T, I_N) acts on the columns-first flattening "
+            "X.T.reshape(-1); for rows-first X.reshape(-1) the identity comes first, "
+            "kron(I_N, W.T).",
+            lambda W, N: torch.kron(W.T.contiguous(), torch.eye(N, dtype=W.dtype)),
+        ),
+        Mistake(
+            "every block holds W^T, so each output token would sum over all input tokens; the map acts "
+            "on each token alone, so the off-diagonal blocks are zero: kron(I_N, W.T).",
+            lambda W, N: torch.kron(torch.ones(N, N, dtype=W.dtype), W.T.contiguous()),
+        ),
+    ],
 )
 def flattened_linear(W: Tensor, N: int) -> Tensor:
     I_N = torch.eye(N, dtype=W.dtype)  # (N, N): token n only sees token n
@@ -237,23 +263,30 @@ def _count(D, H, d_ff, biases=True, norms=2, per_head=False, W_o=True):
         "LayerNorms (gamma and beta each)."
     ),
     make_inputs=_count_inputs,
-    mistakes={
-        "the biases of the linear maps are missing: 3D (for q, k, v) + D (output) + d_ff + D (MLP).": (
-            lambda D, H, d_ff: _count(D, H, d_ff, biases=False)
+    mistakes=[
+        Mistake(
+            "the biases of the linear maps are missing: 3D (for q, k, v) + D (output) + d_ff + D (MLP).",
+            lambda D, H, d_ff: _count(D, H, d_ff, biases=False),
         ),
-        "the LayerNorm parameters are missing: each of the two LayerNorms has gamma and beta, "
-        "2D each.": lambda D, H, d_ff: _count(D, H, d_ff, norms=0),
-        "you counted one LayerNorm; a block has two (one per sub-layer), 2D parameters each.": (
-            lambda D, H, d_ff: _count(D, H, d_ff, norms=1)
+        Mistake(
+            "the LayerNorm parameters are missing: each of the two LayerNorms has gamma and beta, "
+            "2D each.",
+            lambda D, H, d_ff: _count(D, H, d_ff, norms=0),
         ),
-        "you gave every head its own D x D maps: each head's W_q, W_k, W_v are D x d_k with "
-        "d_k = D/H, so all heads together hold 3 D x D matrices whatever H is.": (
-            lambda D, H, d_ff: _count(D, H, d_ff, per_head=True)
+        Mistake(
+            "you counted one LayerNorm; a block has two (one per sub-layer), 2D parameters each.",
+            lambda D, H, d_ff: _count(D, H, d_ff, norms=1),
         ),
-        "the output map W_o (D x D, plus its bias D) is missing.": (
-            lambda D, H, d_ff: _count(D, H, d_ff, W_o=False)
+        Mistake(
+            "you gave every head its own D x D maps: each head's W_q, W_k, W_v are D x d_k with "
+            "d_k = D/H, so all heads together hold 3 D x D matrices whatever H is.",
+            lambda D, H, d_ff: _count(D, H, d_ff, per_head=True),
         ),
-    },
+        Mistake(
+            "the output map W_o (D x D, plus its bias D) is missing.",
+            lambda D, H, d_ff: _count(D, H, d_ff, W_o=False),
+        ),
+    ],
 )
 def param_count(D: int, H: int, d_ff: int) -> Tensor:
     attention = 4 * D * D + 4 * D  # W_q, W_k, W_v, W_o and their biases; H does not matter

@@ -2,7 +2,7 @@
 cross-attention from scratch, and the decoder's causal + padding mask.
 
 Chapter: *Encoder-decoder* (Dramko 2025 sec. 5.1-5.2; Turner 2023 sec. 4.3; Vaswani et al. 2017).
-Token ids follow :class:`transformer_course.tasks.DateTask`: ``0`` is padding, ``1`` is BOS, ``2`` is
+Token ids follow :class:`transformer_course.data.DateTask`: ``0`` is padding, ``1`` is BOS, ``2`` is
 EOS. Masks are bool, ``True`` = may attend, as everywhere in the package.
 
 The checker reports a wrong answer by subtracting it from the reference, which bool tensors do not
@@ -20,9 +20,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from . import exercise
+from ..data import DateTask
+from . import Mistake, exercise
 
-PAD, BOS, EOS = 0, 1, 2
+PAD, BOS, EOS = DateTask.PAD, DateTask.BOS, DateTask.EOS
 
 
 def _compared_as_float(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -64,7 +65,7 @@ def _shifted_left(y: Tensor) -> Tensor:
 
 
 @exercise(
-    name="ed.shift_targets",
+    name="encoder_decoder.shift_targets",
     prompt=(
         "y is a (B, T) tensor of target token ids: each row holds y_1..y_n, then EOS (2), then "
         "padding (0). Return torch.stack([tgt_in, tgt_out]) of shape (2, B, T) for teacher forcing: "
@@ -72,23 +73,29 @@ def _shifted_left(y: Tensor) -> Tensor:
         "tgt_out = [y_1, ..., y_T], so that position n predicts the token after the ones it has read."
     ),
     make_inputs=_shift_inputs,
-    mistakes={
-        "the targets are not shifted: tgt_in equals tgt_out, so at every position the decoder reads "
-        "the very token it must predict (and learns to copy it). Prepend bos to the decoder input "
-        "and drop its last token.": lambda y, bos: torch.stack([y, y]),
-        "you shifted the wrong way: the decoder input must start with bos and lag one step behind "
-        "the targets (tgt_in = [bos, y_1..y_{T-1}], tgt_out = y), not the other way round.": (
-            lambda y, bos: torch.stack([y, _shifted_right(y, bos)])
+    mistakes=[
+        Mistake(
+            "the targets are not shifted: tgt_in equals tgt_out, so at every position the decoder reads "
+            "the very token it must predict (and learns to copy it). Prepend bos to the decoder input "
+            "and drop its last token.",
+            lambda y, bos: torch.stack([y, y]),
         ),
-        "tgt_in is the targets shifted left ([y_2, ..., y_T, pad]): the decoder would read the "
-        "future. Shift right instead, inserting bos in front: [bos, y_1, ..., y_{T-1}].": (
-            lambda y, bos: torch.stack([_shifted_left(y), y])
+        Mistake(
+            "you shifted the wrong way: the decoder input must start with bos and lag one step behind "
+            "the targets (tgt_in = [bos, y_1..y_{T-1}], tgt_out = y), not the other way round.",
+            lambda y, bos: torch.stack([y, _shifted_right(y, bos)]),
         ),
-        "the first decoder input is padding, not bos: the first prediction needs a start token "
-        "that the loss and the masks do not treat as padding.": (
-            lambda y, bos: torch.stack([_shifted_right(y, PAD), y])
+        Mistake(
+            "tgt_in is the targets shifted left ([y_2, ..., y_T, pad]): the decoder would read the "
+            "future. Shift right instead, inserting bos in front: [bos, y_1, ..., y_{T-1}].",
+            lambda y, bos: torch.stack([_shifted_left(y), y]),
         ),
-    },
+        Mistake(
+            "the first decoder input is padding, not bos: the first prediction needs a start token "
+            "that the loss and the masks do not treat as padding.",
+            lambda y, bos: torch.stack([_shifted_right(y, PAD), y]),
+        ),
+    ],
 )
 def shift_targets(y: Tensor, bos: int) -> Tensor:
     tgt_in = torch.cat([torch.full_like(y[:, :1], bos), y[:, :-1]], dim=1)  # (B, T): shifted right
@@ -111,7 +118,7 @@ def _padded_sources(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
 
 
 @exercise(
-    name="ed.key_padding_mask",
+    name="encoder_decoder.key_padding_mask",
     prompt=(
         "src is a (B, M) tensor of source token ids, right-padded with pad_id. Return the bool mask "
         "(B, M, M) of the encoder's self-attention: mask[b, n, m] is True when query n may attend to "
@@ -119,18 +126,23 @@ def _padded_sources(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
         "at every real token)."
     ),
     make_inputs=_padded_sources,
-    mistakes={
-        "you masked the queries instead of the keys: mask[b, n, m] must depend on the key m "
-        "(src[b, m] != pad_id), broadcast along the query axis n, e.g. keep[:, None, :].": (
-            lambda src, pad: (src != pad)[:, :, None].expand(-1, -1, src.shape[1])
+    mistakes=[
+        Mistake(
+            "you masked the queries instead of the keys: mask[b, n, m] must depend on the key m "
+            "(src[b, m] != pad_id), broadcast along the query axis n, e.g. keep[:, None, :].",
+            lambda src, pad: (src != pad)[:, :, None].expand(-1, -1, src.shape[1]),
         ),
-        "True and False are swapped: True means 'may attend', so real tokens are True and padding "
-        "is False (src != pad_id, not src == pad_id).": (
-            lambda src, pad: (src == pad)[:, None, :].expand(-1, src.shape[1], -1)
+        Mistake(
+            "True and False are swapped: True means 'may attend', so real tokens are True and padding "
+            "is False (src != pad_id, not src == pad_id).",
+            lambda src, pad: (src == pad)[:, None, :].expand(-1, src.shape[1], -1),
         ),
-        "you returned the (B, M) vector of real tokens; the attention mask needs a query axis: "
-        "keep[:, None, :].expand(B, M, M).": lambda src, pad: src != pad,
-    },
+        Mistake(
+            "you returned the (B, M) vector of real tokens; the attention mask needs a query axis: "
+            "keep[:, None, :].expand(B, M, M).",
+            lambda src, pad: src != pad,
+        ),
+    ],
 )
 @_compared_as_float
 def key_padding_mask(src: Tensor, pad_id: int) -> Tensor:
@@ -167,7 +179,7 @@ def _mh(Q: Tensor, K: Tensor, V: Tensor, W_o: Tensor, H: int, scale: float | Non
 
 
 @exercise(
-    name="ed.cross_attention",
+    name="encoder_decoder.cross_attention",
     prompt=(
         "Multi-head cross-attention without the package. X (B, N, D) is the decoder stream, memory "
         "(B, M, D) the encoder's output; W_q, W_k, W_v, W_o are (D, D) and H divides D. Head h uses "
@@ -176,26 +188,30 @@ def _mh(Q: Tensor, K: Tensor, V: Tensor, W_o: Tensor, H: int, scale: float | Non
         "shape (B, N, D)."
     ),
     make_inputs=_cross_inputs,
-    mistakes={
-        "your keys and values come from the decoder stream X, so the layer is self-attention and "
-        "never reads the source (a literal reading of Dramko 2025 sec. 5.1.3). In cross-attention "
-        "only the queries come from X; K = memory W_k and V = memory W_v.": (
-            lambda X, mem, W_q, W_k, W_v, W_o, H: _mh(X @ W_q, X @ W_k, X @ W_v, W_o, H)
+    mistakes=[
+        Mistake(
+            "your keys and values come from the decoder stream X, so the layer is self-attention and "
+            "never reads the source (a literal reading of Dramko 2025 sec. 5.1.3). In cross-attention "
+            "only the queries come from X; K = memory W_k and V = memory W_v.",
+            lambda X, mem, W_q, W_k, W_v, W_o, H: _mh(X @ W_q, X @ W_k, X @ W_v, W_o, H),
         ),
-        "queries and keys/values are swapped: the queries must come from the decoder stream X (one "
-        "output row per target position) and the keys and values from memory.": (
-            lambda X, mem, W_q, W_k, W_v, W_o, H: _mh(mem @ W_q, X @ W_k, X @ W_v, W_o, H)
+        Mistake(
+            "queries and keys/values are swapped: the queries must come from the decoder stream X (one "
+            "output row per target position) and the keys and values from memory.",
+            lambda X, mem, W_q, W_k, W_v, W_o, H: _mh(mem @ W_q, X @ W_k, X @ W_v, W_o, H),
         ),
-        "the scale uses the model width D; each head's scores are divided by sqrt(d_k) with "
-        "d_k = D // H.": (
+        Mistake(
+            "the scale uses the model width D; each head's scores are divided by sqrt(d_k) with "
+            "d_k = D // H.",
             lambda X, mem, W_q, W_k, W_v, W_o, H: _mh(
                 X @ W_q, mem @ W_k, mem @ W_v, W_o, H, 1 / math.sqrt(X.shape[-1])
-            )
+            ),
         ),
-        "the 1/sqrt(d_k) scale is missing: divide each head's scores Q_h K_h^T by sqrt(d_k).": (
-            lambda X, mem, W_q, W_k, W_v, W_o, H: _mh(X @ W_q, mem @ W_k, mem @ W_v, W_o, H, 1.0)
+        Mistake(
+            "the 1/sqrt(d_k) scale is missing: divide each head's scores Q_h K_h^T by sqrt(d_k).",
+            lambda X, mem, W_q, W_k, W_v, W_o, H: _mh(X @ W_q, mem @ W_k, mem @ W_v, W_o, H, 1.0),
         ),
-    },
+    ],
 )
 def cross_attention(
     X: Tensor, memory: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, W_o: Tensor, H: int
@@ -233,33 +249,38 @@ def _causal(N: int) -> Tensor:
 
 
 @exercise(
-    name="ed.causal_padding_mask",
+    name="encoder_decoder.causal_padding_mask",
     prompt=(
         "tokens is a (B, N) tensor of decoder input ids, padded with pad_id on the left or on the "
         "right. Return the bool self-attention mask (B, N, N): mask[b, n, m] is True when query n may "
         "attend to key m, i.e. when m <= n (no peeking at the future) AND token m is not padding."
     ),
     make_inputs=_decoder_tokens,
-    mistakes={
-        "the padding is not masked: with left padding the padded keys lie in the past of every "
-        "query. Combine the causal mask with the key mask (tokens != pad_id)[:, None, :] using &.": (
-            lambda t, pad: _causal(t.shape[1]).expand(t.shape[0], -1, -1)
+    mistakes=[
+        Mistake(
+            "the padding is not masked: with left padding the padded keys lie in the past of every "
+            "query. Combine the causal mask with the key mask (tokens != pad_id)[:, None, :] using &.",
+            lambda t, pad: _causal(t.shape[1]).expand(t.shape[0], -1, -1),
         ),
-        "the causal part is missing: query n may only see keys m <= n (a lower-triangular mask).": (
-            lambda t, pad: (t != pad)[:, None, :].expand(-1, t.shape[1], -1)
+        Mistake(
+            "the causal part is missing: query n may only see keys m <= n (a lower-triangular mask).",
+            lambda t, pad: (t != pad)[:, None, :].expand(-1, t.shape[1], -1),
         ),
-        "the causal mask points the wrong way (upper triangular): query n may see keys m <= n, so "
-        "keep the lower triangle, torch.tril.": (
-            lambda t, pad: _causal(t.shape[1]).T & (t != pad)[:, None, :]
+        Mistake(
+            "the causal mask points the wrong way (upper triangular): query n may see keys m <= n, so "
+            "keep the lower triangle, torch.tril.",
+            lambda t, pad: _causal(t.shape[1]).T & (t != pad)[:, None, :],
         ),
-        "you combined the masks with OR; a key must be both in the past AND a real token (&).": (
-            lambda t, pad: _causal(t.shape[1]) | (t != pad)[:, None, :]
+        Mistake(
+            "you combined the masks with OR; a key must be both in the past AND a real token (&).",
+            lambda t, pad: _causal(t.shape[1]) | (t != pad)[:, None, :],
         ),
-        "the padding mask is applied to the queries (rows) instead of the keys (columns): use "
-        "(tokens != pad_id)[:, None, :].": (
-            lambda t, pad: _causal(t.shape[1]) & (t != pad)[:, :, None]
+        Mistake(
+            "the padding mask is applied to the queries (rows) instead of the keys (columns): use "
+            "(tokens != pad_id)[:, None, :].",
+            lambda t, pad: _causal(t.shape[1]) & (t != pad)[:, :, None],
         ),
-    },
+    ],
 )
 @_compared_as_float
 def causal_padding_mask(tokens: Tensor, pad_id: int) -> Tensor:

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import exercise
+from . import Mistake, exercise, randn
 
 
-def _r(gen: torch.Generator, *shape: int) -> Tensor:
-    return 2.0 * torch.randn(*shape, generator=gen, dtype=torch.float64)
+def _scores(gen: torch.Generator, *shape: int) -> Tensor:
+    """Random scores or logits with a spread of 2 (so that softmax weights differ clearly)."""
+    return 2.0 * randn(gen, *shape)
 
 
 def _additive(keep: Tensor) -> Tensor:
@@ -31,11 +32,11 @@ def _additive(keep: Tensor) -> Tensor:
 
 def _row_scores(gen: torch.Generator, trial: int) -> tuple[Tensor]:
     B, N = ((2, 5), (3, 7), (1, 4))[trial % 3]
-    return (_r(gen, B, N, N),)
+    return (_scores(gen, B, N, N),)
 
 
 @exercise(
-    name="lm.mit_causal_weights",
+    name="language_models.mit_causal_weights",
     prompt=(
         "S is a (B, N, N) tensor of row-form scores, S[b, n, m] = q_n . k_m / sqrt(d_k). Build MIT's "
         "additive causal mask M (N, N): M[n, m] = 0 where key m may be seen by query n (m <= n) and "
@@ -43,20 +44,23 @@ def _row_scores(gen: torch.Generator, trial: int) -> tuple[Tensor]:
     ),
     make_inputs=_row_scores,
     rows_sum_to_one=True,
-    mistakes={
-        "your mask lets each query see the future (keys m > n) and hides the past: MIT's M is "
-        "lower triangular, 0 on and below the diagonal and -inf above it (torch.tril, not triu).": (
-            lambda S: torch.softmax(S + _additive(torch.ones(S.shape[-2:]).bool().triu()), dim=-1)
+    mistakes=[
+        Mistake(
+            "your mask lets each query see the future (keys m > n) and hides the past: MIT's M is "
+            "lower triangular, 0 on and below the diagonal and -inf above it (torch.tril, not triu).",
+            lambda S: torch.softmax(S + _additive(torch.ones(S.shape[-2:]).bool().triu()), dim=-1),
         ),
-        "you multiplied the scores by a 0/1 mask: a score of 0 still gets weight exp(0) > 0. "
-        "Add -inf to the masked scores instead (exp(-inf) = 0).": (
-            lambda S: torch.softmax(S * torch.ones(S.shape[-2:]).tril(), dim=-1)
+        Mistake(
+            "you multiplied the scores by a 0/1 mask: a score of 0 still gets weight exp(0) > 0. "
+            "Add -inf to the masked scores instead (exp(-inf) = 0).",
+            lambda S: torch.softmax(S * torch.ones(S.shape[-2:]).tril(), dim=-1),
         ),
-        "you zeroed the weights after the softmax, so rows no longer sum to one; add M to the "
-        "scores before the softmax.": (
-            lambda S: torch.softmax(S, dim=-1) * torch.ones(S.shape[-2:]).tril()
+        Mistake(
+            "you zeroed the weights after the softmax, so rows no longer sum to one; add M to the "
+            "scores before the softmax.",
+            lambda S: torch.softmax(S, dim=-1) * torch.ones(S.shape[-2:]).tril(),
         ),
-    },
+    ],
 )
 def mit_causal_weights(S: Tensor) -> Tensor:
     N = S.shape[-1]
@@ -71,11 +75,11 @@ def mit_causal_weights(S: Tensor) -> Tensor:
 
 def _column_scores(gen: torch.Generator, trial: int) -> tuple[Tensor]:
     N = (5, 7, 4)[trial % 3]
-    return (_r(gen, N, N),)
+    return (_scores(gen, N, N),)
 
 
 @exercise(
-    name="lm.turner_causal_weights",
+    name="language_models.turner_causal_weights",
     prompt=(
         "S_cols is Turner's (N, N) score matrix, S_cols[n', n] = k_{n'} . q_n (key n' first, query n "
         "second). Return his causal attention matrix A_cols (N, N): each column n is a softmax over "
@@ -83,17 +87,19 @@ def _column_scores(gen: torch.Generator, trial: int) -> tuple[Tensor]:
         "column sums to one."
     ),
     make_inputs=_column_scores,
-    mistakes={
-        "you used MIT's lower-triangular mask on Turner's [n', n] indices, so column n attends to "
-        "the future (n' >= n). Turner's matrix is the transpose: keep the upper triangle "
-        "(n' <= n).": (
-            lambda S: torch.softmax(S + _additive(torch.ones(S.shape).bool().tril()), dim=0)
+    mistakes=[
+        Mistake(
+            "you used MIT's lower-triangular mask on Turner's [n', n] indices, so column n attends to "
+            "the future (n' >= n). Turner's matrix is the transpose: keep the upper triangle "
+            "(n' <= n).",
+            lambda S: torch.softmax(S + _additive(torch.ones(S.shape).bool().tril()), dim=0),
         ),
-        "you normalised the rows (dim=1); in Turner's convention each column n sums to one over "
-        "the keys n' (dim=0).": (
-            lambda S: torch.softmax(S + _additive(torch.ones(S.shape).bool().triu()), dim=1)
+        Mistake(
+            "you normalised the rows (dim=1); in Turner's convention each column n sums to one over "
+            "the keys n' (dim=0).",
+            lambda S: torch.softmax(S + _additive(torch.ones(S.shape).bool().triu()), dim=1),
         ),
-    },
+    ],
 )
 def turner_causal_weights(S_cols: Tensor) -> Tensor:
     N = S_cols.shape[0]
@@ -108,11 +114,11 @@ def turner_causal_weights(S_cols: Tensor) -> Tensor:
 
 def _temperature_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, float]:
     B, V, tau = ((3, 10, 0.5), (2, 17, 2.0), (4, 8, 0.7))[trial % 3]
-    return _r(gen, B, V), tau
+    return _scores(gen, B, V), tau
 
 
 @exercise(
-    name="lm.temperature_probs",
+    name="language_models.temperature_probs",
     prompt=(
         "z is a (B, V) tensor of logits (one row per sequence, one column per vocabulary entry) and "
         "tau > 0 a temperature. Return the sampling distribution softmax(z / tau) over the "
@@ -120,16 +126,23 @@ def _temperature_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, float
     ),
     make_inputs=_temperature_inputs,
     rows_sum_to_one=True,
-    mistakes={
-        "you multiplied the logits by tau (or raised the probabilities to the power tau); the "
-        "logits are divided by the temperature, softmax(z / tau), so tau < 1 sharpens the "
-        "distribution.": lambda z, tau: torch.softmax(z * tau, dim=-1),
-        "you divided the probabilities by tau after the softmax, so the rows no longer sum to one; "
-        "divide the logits before the softmax.": lambda z, tau: torch.softmax(z, dim=-1) / tau,
-        "the temperature is missing: you returned softmax(z).": (
-            lambda z, tau: torch.softmax(z, dim=-1)
+    mistakes=[
+        Mistake(
+            "you multiplied the logits by tau (or raised the probabilities to the power tau); the "
+            "logits are divided by the temperature, softmax(z / tau), so tau < 1 sharpens the "
+            "distribution.",
+            lambda z, tau: torch.softmax(z * tau, dim=-1),
         ),
-    },
+        Mistake(
+            "you divided the probabilities by tau after the softmax, so the rows no longer sum to one; "
+            "divide the logits before the softmax.",
+            lambda z, tau: torch.softmax(z, dim=-1) / tau,
+        ),
+        Mistake(
+            "the temperature is missing: you returned softmax(z).",
+            lambda z, tau: torch.softmax(z, dim=-1),
+        ),
+    ],
 )
 def temperature_probs(z: Tensor, tau: float) -> Tensor:
     return torch.softmax(z / tau, dim=-1)  # (B, V): the same as p**(1/tau), renormalised
@@ -141,7 +154,7 @@ def temperature_probs(z: Tensor, tau: float) -> Tensor:
 
 def _top_k_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
     B, V, k = ((3, 10, 3), (2, 12, 5), (4, 7, 1))[trial % 3]
-    return _r(gen, B, V), k  # continuous random logits: no ties
+    return _scores(gen, B, V), k  # continuous random logits: no ties
 
 
 def _keep_top(z: Tensor, k: int, largest: bool = True) -> Tensor:
@@ -150,32 +163,35 @@ def _keep_top(z: Tensor, k: int, largest: bool = True) -> Tensor:
 
 
 @exercise(
-    name="lm.top_k_probs",
+    name="language_models.top_k_probs",
     prompt=(
         "z is a (B, V) tensor of logits without ties and k >= 1. Return the top-k sampling "
         "distribution (B, V): the softmax over the k largest logits of each row, and exactly 0 for "
-        "every other vocabulary entry; each row sums to one. (With ties, tc.generate.next_token keeps "
+        "every other vocabulary entry; each row sums to one. (With ties, tc.language_models.next_token keeps "
         "every logit equal to the k-th largest.)"
     ),
     make_inputs=_top_k_inputs,
     rows_sum_to_one=True,
-    mistakes={
-        "you kept k + 1 tokens: the k-th largest logit is the last one kept (e.g. use z >= kth, "
-        "not z > kth, with kth = torch.topk(z, k).values[..., -1:]).": (
+    mistakes=[
+        Mistake(
+            "you kept k + 1 tokens: the k-th largest logit is the last one kept (e.g. use z >= kth, "
+            "not z > kth, with kth = torch.topk(z, k).values[..., -1:]).",
             lambda z, k: torch.softmax(
                 z.masked_fill(~_keep_top(z, min(k + 1, z.shape[-1])), float("-inf")), dim=-1
-            )
+            ),
         ),
-        "you did not renormalise: after zeroing all but the top k probabilities, divide by their "
-        "sum (or mask the logits with -inf before the softmax).": (
-            lambda z, k: torch.softmax(z, dim=-1) * _keep_top(z, k)
+        Mistake(
+            "you did not renormalise: after zeroing all but the top k probabilities, divide by their "
+            "sum (or mask the logits with -inf before the softmax).",
+            lambda z, k: torch.softmax(z, dim=-1) * _keep_top(z, k),
         ),
-        "you kept the k smallest logits; keep the k largest (torch.topk's default, largest=True).": (
+        Mistake(
+            "you kept the k smallest logits; keep the k largest (torch.topk's default, largest=True).",
             lambda z, k: torch.softmax(
                 z.masked_fill(~_keep_top(z, k, largest=False), float("-inf")), dim=-1
-            )
+            ),
         ),
-    },
+    ],
 )
 def top_k_probs(z: Tensor, k: int) -> Tensor:
     kth = torch.topk(z, k, dim=-1).values[..., -1:]  # (B, 1): the k-th largest logit
@@ -189,7 +205,7 @@ def top_k_probs(z: Tensor, k: int) -> Tensor:
 
 def _teacher_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
     B, N, V = ((2, 5, 7), (3, 4, 11), (1, 8, 5))[trial % 3]
-    logits = _r(gen, B, N, V)
+    logits = _scores(gen, B, N, V)
     tokens = torch.randint(0, V, (B, N + 1), generator=gen)
     return logits, tokens
 
@@ -200,7 +216,7 @@ def _nll(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 @exercise(
-    name="lm.teacher_forcing_loss",
+    name="language_models.teacher_forcing_loss",
     prompt=(
         "tokens is a (B, N + 1) tensor of token ids; logits is (B, N, V), where logits[b, n] is the "
         "model's prediction after reading tokens[b, 0..n] (one forward pass over tokens[:, :N]). "
@@ -208,21 +224,24 @@ def _nll(logits: Tensor, targets: Tensor) -> Tensor:
         "-log softmax(logits[b, n])[tokens[b, n + 1]], a scalar tensor."
     ),
     make_inputs=_teacher_inputs,
-    mistakes={
-        "your targets are not shifted: the prediction at position n is scored against tokens[:, n] "
-        "(the token it has just read) instead of the next one, tokens[:, n + 1].": (
-            lambda logits, tokens: _nll(logits, tokens[:, :-1]).mean()
+    mistakes=[
+        Mistake(
+            "your targets are not shifted: the prediction at position n is scored against tokens[:, n] "
+            "(the token it has just read) instead of the next one, tokens[:, n + 1].",
+            lambda logits, tokens: _nll(logits, tokens[:, :-1]).mean(),
         ),
-        "you averaged over the batch only (summing over the N positions); the loss is the mean "
-        "over all B * N predictions.": (
-            lambda logits, tokens: _nll(logits, tokens[:, 1:]).sum(dim=1).mean()
+        Mistake(
+            "you averaged over the batch only (summing over the N positions); the loss is the mean "
+            "over all B * N predictions.",
+            lambda logits, tokens: _nll(logits, tokens[:, 1:]).sum(dim=1).mean(),
         ),
-        "the softmax ran over the positions (dim=1) instead of the vocabulary (dim=-1).": (
+        Mistake(
+            "the softmax ran over the positions (dim=1) instead of the vocabulary (dim=-1).",
             lambda logits, tokens: (
                 -torch.log_softmax(logits, dim=1).gather(-1, tokens[:, 1:, None]).mean()
-            )
+            ),
         ),
-    },
+    ],
 )
 def teacher_forcing_loss(logits: Tensor, tokens: Tensor) -> Tensor:
     B, N, V = logits.shape

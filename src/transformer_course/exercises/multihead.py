@@ -14,12 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import exercise
-
-
-def _r(gen: torch.Generator, *shape: int) -> Tensor:
-    return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
+from . import Mistake, exercise, randn
 
 # ---------------------------------------------------------------------------------------------------
 # 1. Split the features of every token into H heads
@@ -29,7 +24,7 @@ _SPLIT_SIZES = ((2, 5, 2, 3), (1, 4, 3, 2), (3, 6, 4, 3))  # (B, N, H, d) per tr
 
 def _split_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
     B, N, H, d = _SPLIT_SIZES[trial % 3]
-    return _r(gen, B, N, H * d), H
+    return randn(gen, B, N, H * d), H
 
 
 @exercise(
@@ -40,14 +35,20 @@ def _split_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
         "T[b, n, h*d:(h+1)*d]. Use reshape and transpose (no loops)."
     ),
     make_inputs=_split_inputs,
-    mistakes={
-        "the heads are interleaved: reshape(B, N, d, H) gives head h the features h, h+H, h+2H, ...; "
-        "head h owns the contiguous block h*d:(h+1)*d, so reshape to (B, N, H, d) and then swap "
-        "N and H.": lambda T, H: T.reshape(*T.shape[:2], T.shape[-1] // H, H).permute(0, 3, 1, 2),
-        "the transpose is missing: reshaping straight to (B, H, N, d) cuts the memory of T into H "
-        "chunks of consecutive tokens, not of features; reshape to (B, N, H, d) first, then "
-        ".transpose(1, 2).": lambda T, H: T.reshape(T.shape[0], H, T.shape[1], T.shape[-1] // H),
-    },
+    mistakes=[
+        Mistake(
+            "the heads are interleaved: reshape(B, N, d, H) gives head h the features h, h+H, h+2H, ...; "
+            "head h owns the contiguous block h*d:(h+1)*d, so reshape to (B, N, H, d) and then swap "
+            "N and H.",
+            lambda T, H: T.reshape(*T.shape[:2], T.shape[-1] // H, H).permute(0, 3, 1, 2),
+        ),
+        Mistake(
+            "the transpose is missing: reshaping straight to (B, H, N, d) cuts the memory of T into H "
+            "chunks of consecutive tokens, not of features; reshape to (B, N, H, d) first, then "
+            ".transpose(1, 2).",
+            lambda T, H: T.reshape(T.shape[0], H, T.shape[1], T.shape[-1] // H),
+        ),
+    ],
 )
 def split_heads(T: Tensor, H: int) -> Tensor:
     B, N, HD = T.shape
@@ -60,7 +61,7 @@ def split_heads(T: Tensor, H: int) -> Tensor:
 
 def _merge_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor]:
     B, N, H, d = _SPLIT_SIZES[trial % 3]
-    return (_r(gen, B, H, N, d),)
+    return (randn(gen, B, H, N, d),)
 
 
 @exercise(
@@ -71,17 +72,19 @@ def _merge_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor]:
         "of split_heads."
     ),
     make_inputs=_merge_inputs,
-    mistakes={
-        "the transpose is missing: reshaping (B, H, N, d) straight to (B, N, H*d) glues rows of "
-        "different tokens together; move H next to d first (.transpose(1, 2)), then reshape.": (
-            lambda T: T.reshape(T.shape[0], T.shape[2], -1)
+    mistakes=[
+        Mistake(
+            "the transpose is missing: reshaping (B, H, N, d) straight to (B, N, H*d) glues rows of "
+            "different tokens together; move H next to d first (.transpose(1, 2)), then reshape.",
+            lambda T: T.reshape(T.shape[0], T.shape[2], -1),
         ),
-        "the heads are interleaved: you put H after d (permute(0, 2, 3, 1)), so the features of "
-        "all heads alternate; concatenation puts head h's d features in the block h*d:(h+1)*d, "
-        "i.e. order (B, N, H, d) before the reshape.": (
-            lambda T: T.permute(0, 2, 3, 1).reshape(T.shape[0], T.shape[2], -1)
+        Mistake(
+            "the heads are interleaved: you put H after d (permute(0, 2, 3, 1)), so the features of "
+            "all heads alternate; concatenation puts head h's d features in the block h*d:(h+1)*d, "
+            "i.e. order (B, N, H, d) before the reshape.",
+            lambda T: T.permute(0, 2, 3, 1).reshape(T.shape[0], T.shape[2], -1),
         ),
-    },
+    ],
 )
 def merge_heads(T: Tensor) -> Tensor:
     B, H, N, d = T.shape
@@ -98,8 +101,8 @@ def _mha_inputs(
     gen: torch.Generator, trial: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, int]:
     N, D, H = _MHA_SIZES[trial % 3]
-    W_q, W_k, W_v, W_o = (_r(gen, D, D) / math.sqrt(D) for _ in range(4))  # scores of order one
-    return _r(gen, N, D), W_q, W_k, W_v, W_o, H
+    W_q, W_k, W_v, W_o = (randn(gen, D, D) / math.sqrt(D) for _ in range(4))  # scores of order one
+    return randn(gen, N, D), W_q, W_k, W_v, W_o, H
 
 
 def _heads(X: Tensor, W: Tensor, H: int) -> Tensor:
@@ -151,19 +154,37 @@ def _mha_W_o_transposed(X, W_q, W_k, W_v, W_o, H):
         "Y = [head_1, ..., head_H] @ W_o of shape (N, D)."
     ),
     make_inputs=_mha_inputs,
-    mistakes={
-        "the scale uses the model width: divide the scores by sqrt(d_k) with d_k = D / H, the width "
-        "of one head, not by sqrt(D).": _mha_scale_sqrt_D,
-        "the heads are interleaved (a reshape to (N, d_k, H)): head h must use the contiguous "
-        "columns h*d_k:(h+1)*d_k of W_q, W_k and W_v; reshape to (N, H, d_k).": _mha_interleaved,
-        "W_o is missing: after concatenating the heads, multiply by the output map W_o.": _mha_no_W_o,
-        "you computed a single head of width D (H was ignored): split Q, K, V into H heads of "
-        "width D / H, each with its own softmax.": _mha_one_head,
-        "the softmax normalised over the queries (dim=-2); each query's row of A_h must sum to one "
-        "(dim=-1).": _mha_wrong_axis,
-        "W_o is used transposed: the concatenation (N, H*d_k) multiplies W_o (H*d_k, D) from the "
-        "left, concat @ W_o, not concat @ W_o.T.": _mha_W_o_transposed,
-    },
+    mistakes=[
+        Mistake(
+            "the scale uses the model width: divide the scores by sqrt(d_k) with d_k = D / H, the width "
+            "of one head, not by sqrt(D).",
+            _mha_scale_sqrt_D,
+        ),
+        Mistake(
+            "the heads are interleaved (a reshape to (N, d_k, H)): head h must use the contiguous "
+            "columns h*d_k:(h+1)*d_k of W_q, W_k and W_v; reshape to (N, H, d_k).",
+            _mha_interleaved,
+        ),
+        Mistake(
+            "W_o is missing: after concatenating the heads, multiply by the output map W_o.",
+            _mha_no_W_o,
+        ),
+        Mistake(
+            "you computed a single head of width D (H was ignored): split Q, K, V into H heads of "
+            "width D / H, each with its own softmax.",
+            _mha_one_head,
+        ),
+        Mistake(
+            "the softmax normalised over the queries (dim=-2); each query's row of A_h must sum to one "
+            "(dim=-1).",
+            _mha_wrong_axis,
+        ),
+        Mistake(
+            "W_o is used transposed: the concatenation (N, H*d_k) multiplies W_o (H*d_k, D) from the "
+            "left, concat @ W_o, not concat @ W_o.T.",
+            _mha_W_o_transposed,
+        ),
+    ],
 )
 def multi_head_attention(
     X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, W_o: Tensor, H: int
@@ -187,7 +208,7 @@ _V_SIZES = ((4, 2), (6, 3), (8, 4))  # (D, H) per trial
 
 def _V_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, int]:
     D, H = _V_SIZES[trial % 3]
-    return _r(gen, D, D), _r(gen, D, D), H
+    return randn(gen, D, D), randn(gen, D, D), H
 
 
 def _blocks(D: int, H: int) -> list[slice]:
@@ -211,22 +232,28 @@ def _V_from_slices(W_v: Tensor, W_o: Tensor, H: int, slices) -> Tensor:
         "is columns h*K:(h+1)*K of W_v (D x K) and W_o^(h) is rows h*K:(h+1)*K of W_o (K x D)."
     ),
     make_inputs=_V_inputs,
-    mistakes={
-        "the transpose is missing: W_v^(h) W_o^(h) acts on rows (X W_v^(h) W_o^(h)); Turner's V_h "
-        "acts on columns (V_h X^T), so V_h = (W_v^(h) W_o^(h))^T.": lambda W_v, W_o, H: (
-            _V_from_slices(W_v, W_o, H, _blocks(W_v.shape[0], H)).mT
+    mistakes=[
+        Mistake(
+            "the transpose is missing: W_v^(h) W_o^(h) acts on rows (X W_v^(h) W_o^(h)); Turner's V_h "
+            "acts on columns (V_h X^T), so V_h = (W_v^(h) W_o^(h))^T.",
+            lambda W_v, W_o, H: _V_from_slices(W_v, W_o, H, _blocks(W_v.shape[0], H)).mT,
         ),
-        "you sliced columns of W_o (and transposed them to make the product fit); head h owns the "
-        "ROWS h*K:(h+1)*K of W_o, the rows that multiply its block of the concatenation.": (
-            lambda W_v, W_o, H: _V_from_slices(W_v, W_o.T, H, _blocks(W_v.shape[0], H))
+        Mistake(
+            "you sliced columns of W_o (and transposed them to make the product fit); head h owns the "
+            "ROWS h*K:(h+1)*K of W_o, the rows that multiply its block of the concatenation.",
+            lambda W_v, W_o, H: _V_from_slices(W_v, W_o.T, H, _blocks(W_v.shape[0], H)),
         ),
-        "the slices are interleaved (every H-th column/row, as after a reshape to (D, K, H)); head "
-        "h owns the contiguous block h*K:(h+1)*K.": lambda W_v, W_o, H: _V_from_slices(
-            W_v, W_o, H, [slice(h, None, H) for h in range(H)]
+        Mistake(
+            "the slices are interleaved (every H-th column/row, as after a reshape to (D, K, H)); head "
+            "h owns the contiguous block h*K:(h+1)*K.",
+            lambda W_v, W_o, H: _V_from_slices(W_v, W_o, H, [slice(h, None, H) for h in range(H)]),
         ),
-        "every head got the full product (W_v W_o)^T; V_h uses only head h's K columns of W_v and "
-        "K rows of W_o (so rank V_h <= K, and the V_h sum to (W_v W_o)^T).": _V_full_product,
-    },
+        Mistake(
+            "every head got the full product (W_v W_o)^T; V_h uses only head h's K columns of W_v and "
+            "K rows of W_o (so rank V_h <= K, and the V_h sum to (W_v W_o)^T).",
+            _V_full_product,
+        ),
+    ],
 )
 def turner_V(W_v: Tensor, W_o: Tensor, H: int) -> Tensor:
     D = W_v.shape[0]
@@ -253,31 +280,45 @@ def _counts(concat: int, turner: int) -> Tensor:
     prompt=(
         "Return the pair (P_concat, P_turner) of learnable parameter counts for width D and H heads "
         "with K = D / H: P_concat for the concat form (W_q, W_k, W_v, W_o, plus one bias vector per "
-        "projection when bias is True), as in tc.multihead.MultiHeadAttention(D, H, bias); "
+        "projection when bias is True), as in tc.multihead.SelfAttention(D, H, bias=bias); "
         "P_turner for Turner's form (U_q,h and U_k,h of shape K x D and V_h of shape D x D for each "
         "head; no biases)."
     ),
     make_inputs=lambda gen, trial: _COUNT_SIZES[trial % 3],
-    mistakes={
-        "P_concat misses the biases: with bias=True each of the four projections has a bias "
-        "vector of length D (4D in all).": lambda D, H, bias: _counts(
-            4 * D * D, H * (2 * (D // H) * D + D * D)
+    mistakes=[
+        Mistake(
+            "P_concat misses the biases: with bias=True each of the four projections has a bias "
+            "vector of length D (4D in all).",
+            lambda D, H, bias: _counts(4 * D * D, H * (2 * (D // H) * D + D * D)),
         ),
-        "P_concat misses W_o: the output map adds D x D weights (and D biases).": (
-            lambda D, H, bias: _counts(3 * D * D + 3 * D * bias, H * (2 * (D // H) * D + D * D))
+        Mistake(
+            "P_concat misses W_o: the output map adds D x D weights (and D biases).",
+            lambda D, H, bias: _counts(3 * D * D + 3 * D * bias, H * (2 * (D // H) * D + D * D)),
         ),
-        "P_concat gives every head full D x D query, key and value maps; with d_k = D / H the H "
-        "heads together fill one D x D matrix each for W_q, W_k and W_v.": lambda D, H, bias: (
-            _counts(3 * H * D * D + D * D + 4 * D * bias, H * (2 * (D // H) * D + D * D))
+        Mistake(
+            "P_concat gives every head full D x D query, key and value maps; with d_k = D / H the H "
+            "heads together fill one D x D matrix each for W_q, W_k and W_v.",
+            lambda D, H, bias: _counts(
+                3 * H * D * D + D * D + 4 * D * bias, H * (2 * (D // H) * D + D * D)
+            ),
         ),
-        "P_turner counts V_h as low rank (2KD per head): Turner's V_h are full D x D matrices, "
-        "H D^2 in all.": lambda D, H, bias: _counts(4 * D * D + 4 * D * bias, 4 * D * D),
-        "P_turner uses D x D query and key maps; Turner's U_q,h and U_k,h are K x D with "
-        "K = D / H.": lambda D, H, bias: _counts(4 * D * D + 4 * D * bias, 3 * H * D * D),
-        "P_turner has biases added; Turner's form (his eq. 4-6) has none.": lambda D, H, bias: (
-            _counts(4 * D * D + 4 * D * bias, H * (2 * (D // H) * D + D * D) + 4 * D * bias)
+        Mistake(
+            "P_turner counts V_h as low rank (2KD per head): Turner's V_h are full D x D matrices, "
+            "H D^2 in all.",
+            lambda D, H, bias: _counts(4 * D * D + 4 * D * bias, 4 * D * D),
         ),
-    },
+        Mistake(
+            "P_turner uses D x D query and key maps; Turner's U_q,h and U_k,h are K x D with "
+            "K = D / H.",
+            lambda D, H, bias: _counts(4 * D * D + 4 * D * bias, 3 * H * D * D),
+        ),
+        Mistake(
+            "P_turner has biases added; Turner's form (his eq. 4-6) has none.",
+            lambda D, H, bias: _counts(
+                4 * D * D + 4 * D * bias, H * (2 * (D // H) * D + D * D) + 4 * D * bias
+            ),
+        ),
+    ],
 )
 def param_count(D: int, H: int, bias: bool) -> Tensor:
     K = D // H

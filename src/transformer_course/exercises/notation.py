@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import exercise
+from . import Mistake, exercise
 
 
 def _turner_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -48,21 +48,24 @@ def turner_to_row_weights(A_cols: Tensor) -> Tensor:
         "(D, d_v). Return Y = softmax(Q K^T / sqrt(d_k)) V of shape (N, d_v), softmax over each row."
     ),
     make_inputs=_row_inputs,
-    mistakes={
-        "the 1/sqrt(d_k) scale is missing: divide the scores Q K^T by sqrt(d_k) before the softmax.": (
-            lambda X, W_q, W_k, W_v: torch.softmax((X @ W_q) @ (X @ W_k).T, dim=-1) @ (X @ W_v)
+    mistakes=[
+        Mistake(
+            "the 1/sqrt(d_k) scale is missing: divide the scores Q K^T by sqrt(d_k) before the softmax.",
+            lambda X, W_q, W_k, W_v: torch.softmax((X @ W_q) @ (X @ W_k).T, dim=-1) @ (X @ W_v),
         ),
-        "the softmax normalised the columns (dim=0); each query's row must sum to one (dim=-1).": (
+        Mistake(
+            "the softmax normalised the columns (dim=0); each query's row must sum to one (dim=-1).",
             lambda X, W_q, W_k, W_v: (
                 torch.softmax((X @ W_q) @ (X @ W_k).T / math.sqrt(W_q.shape[1]), dim=0) @ (X @ W_v)
-            )
+            ),
         ),
-        "queries and keys are swapped: the scores are Q K^T (row n is query n), not K Q^T.": (
+        Mistake(
+            "queries and keys are swapped: the scores are Q K^T (row n is query n), not K Q^T.",
             lambda X, W_q, W_k, W_v: (
                 torch.softmax((X @ W_k) @ (X @ W_q).T / math.sqrt(W_q.shape[1]), dim=-1) @ (X @ W_v)
-            )
+            ),
         ),
-    },
+    ],
 )
 def row_self_attention(X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor) -> Tensor:
     Q, K, V = X @ W_q, X @ W_k, X @ W_v  # (N, d_k), (N, d_k), (N, d_v)
@@ -79,21 +82,24 @@ def row_self_attention(X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor) -> Tens
         "A_cols[n', n] = softmax over n' of k_{n'}.q_n / sqrt(K) (columns sum to one)."
     ),
     make_inputs=_turner_inputs,
-    mistakes={
-        "the softmax normalised the rows of A_cols; in Turner's form each column sums to one (dim=0).": (
+    mistakes=[
+        Mistake(
+            "the softmax normalised the rows of A_cols; in Turner's form each column sums to one (dim=0).",
             lambda X, U_q, U_k, U_v: (
                 U_v @ X @ torch.softmax((U_k @ X).T @ (U_q @ X) / math.sqrt(U_q.shape[0]), dim=1)
-            )
+            ),
         ),
-        "the 1/sqrt(K) scale is missing (Turner absorbs it into U_q; here it is explicit).": (
-            lambda X, U_q, U_k, U_v: U_v @ X @ torch.softmax((U_k @ X).T @ (U_q @ X), dim=0)
+        Mistake(
+            "the 1/sqrt(K) scale is missing (Turner absorbs it into U_q; here it is explicit).",
+            lambda X, U_q, U_k, U_v: U_v @ X @ torch.softmax((U_k @ X).T @ (U_q @ X), dim=0),
         ),
-        "A_cols is transposed: its entry [n', n] is k_{n'}.q_n, i.e. (U_k X)^T (U_q X).": (
+        Mistake(
+            "A_cols is transposed: its entry [n', n] is k_{n'}.q_n, i.e. (U_k X)^T (U_q X).",
             lambda X, U_q, U_k, U_v: (
                 U_v @ X @ torch.softmax((U_q @ X).T @ (U_k @ X) / math.sqrt(U_q.shape[0]), dim=0)
-            )
+            ),
         ),
-    },
+    ],
 )
 def turner_self_attention(X_cols: Tensor, U_q: Tensor, U_k: Tensor, U_v: Tensor) -> Tensor:
     Q_cols, K_cols = U_q @ X_cols, U_k @ X_cols  # (K, N): column n is q_n, k_n

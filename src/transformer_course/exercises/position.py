@@ -12,12 +12,7 @@ from torch import Tensor, nn
 
 from ..block import PostNormBlock, PreNormBlock
 from ..position import LearnedPositionalEmbedding
-from . import exercise
-
-
-def _r(gen: torch.Generator, *shape: int) -> Tensor:
-    return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
+from . import Mistake, exercise, randn
 
 # ---------------------------------------------------------------------------------------------------
 # 1. The sinusoidal encoding from scratch (Vaswani et al. 2017; Bishop eq. 25)
@@ -45,39 +40,56 @@ def _sinusoid_inputs(gen: torch.Generator, trial: int) -> tuple[int, int, float]
         "k = 0..D/2-1 (float64, without tc.position)."
     ),
     make_inputs=_sinusoid_inputs,
-    mistakes={
-        "sine and cosine are swapped: the even columns 2k hold sin(omega_k n) and the odd columns "
-        "2k+1 hold cos(omega_k n), so row 0 is [0, 1, 0, 1, ...].": lambda N, D, L: _interleave(
-            torch.cos(_sinusoid(N, D, L)), torch.sin(_sinusoid(N, D, L))
+    mistakes=[
+        Mistake(
+            "sine and cosine are swapped: the even columns 2k hold sin(omega_k n) and the odd columns "
+            "2k+1 hold cos(omega_k n), so row 0 is [0, 1, 0, 1, ...].",
+            lambda N, D, L: _interleave(
+                torch.cos(_sinusoid(N, D, L)), torch.sin(_sinusoid(N, D, L))
+            ),
         ),
-        "the exponent is k/D; the frequencies are omega_k = L^(-2k/D) (in Bishop's eq. 25 the "
-        "column index i = 2k appears, so i/D = 2k/D).": lambda N, D, L: _interleave(
-            torch.sin(_sinusoid(N, D, L, exponent=1.0)), torch.cos(_sinusoid(N, D, L, exponent=1.0))
+        Mistake(
+            "the exponent is k/D; the frequencies are omega_k = L^(-2k/D) (in Bishop's eq. 25 the "
+            "column index i = 2k appears, so i/D = 2k/D).",
+            lambda N, D, L: _interleave(
+                torch.sin(_sinusoid(N, D, L, exponent=1.0)),
+                torch.cos(_sinusoid(N, D, L, exponent=1.0)),
+            ),
         ),
-        "your positions start at 1; the first row is position n = 0 (all sines 0, all cosines "
-        "1): use torch.arange(N).": lambda N, D, L: _interleave(
-            torch.sin(_sinusoid(N, D, L, first=1)), torch.cos(_sinusoid(N, D, L, first=1))
+        Mistake(
+            "your positions start at 1; the first row is position n = 0 (all sines 0, all cosines "
+            "1): use torch.arange(N).",
+            lambda N, D, L: _interleave(
+                torch.sin(_sinusoid(N, D, L, first=1)), torch.cos(_sinusoid(N, D, L, first=1))
+            ),
         ),
-        "all sines come first and all cosines last; here they are interleaved: column 2k is a "
-        "sine and column 2k+1 its cosine partner at the same frequency.": lambda N, D, L: torch.cat(
-            [torch.sin(_sinusoid(N, D, L)), torch.cos(_sinusoid(N, D, L))], dim=-1
+        Mistake(
+            "all sines come first and all cosines last; here they are interleaved: column 2k is a "
+            "sine and column 2k+1 its cosine partner at the same frequency.",
+            lambda N, D, L: torch.cat(
+                [torch.sin(_sinusoid(N, D, L)), torch.cos(_sinusoid(N, D, L))], dim=-1
+            ),
         ),
-        "each cosine column 2k+1 used the exponent (2k+1)/D; it shares the frequency of its sine "
-        "partner, omega_k = L^(-2k/D) (Bishop writes (i-1)/D for odd i).": lambda N, D, L: (
-            _interleave(
+        Mistake(
+            "each cosine column 2k+1 used the exponent (2k+1)/D; it shares the frequency of its sine "
+            "partner, omega_k = L^(-2k/D) (Bishop writes (i-1)/D for odd i).",
+            lambda N, D, L: _interleave(
                 torch.sin(_sinusoid(N, D, L)),
                 torch.cos(
                     torch.arange(N, dtype=torch.float64)[:, None]
                     * L ** (-(2 * torch.arange(D // 2, dtype=torch.float64) + 1) / D)
                 ),
-            )
+            ),
         ),
-        "you multiplied n by L^(+2k/D); divide instead: omega_k = L^(-2k/D), so the wavelengths "
-        "grow with k from 2 pi towards 2 pi L.": lambda N, D, L: _interleave(
-            torch.sin(_sinusoid(N, D, L, exponent=-2.0)),
-            torch.cos(_sinusoid(N, D, L, exponent=-2.0)),
+        Mistake(
+            "you multiplied n by L^(+2k/D); divide instead: omega_k = L^(-2k/D), so the wavelengths "
+            "grow with k from 2 pi towards 2 pi L.",
+            lambda N, D, L: _interleave(
+                torch.sin(_sinusoid(N, D, L, exponent=-2.0)),
+                torch.cos(_sinusoid(N, D, L, exponent=-2.0)),
+            ),
         ),
-    },
+    ],
 )
 def sinusoidal(N: int, D: int, L: float) -> Tensor:
     n = torch.arange(N, dtype=torch.float64)[:, None]  # (N, 1): positions from 0
@@ -113,16 +125,23 @@ def _block(a: Tensor, rows: list[list[int]]) -> Tensor:
         "b = omega k."
     ),
     make_inputs=_rotation_inputs,
-    mistakes={
-        "your matrix moves the pair from n to n - k: it is the transpose of B_k. Expand "
-        "sin(a + b) = sin a cos b + cos a sin b: the first row is [cos(omega k), "
-        "sin(omega k)].": lambda omega, k: _block(omega * k, [[1, -2], [2, 1]]),
-        "the angle is omega, not omega * k: an offset of k positions turns the pair by omega k.": (
-            lambda omega, k: _block(omega, [[1, 2], [-2, 1]])
+    mistakes=[
+        Mistake(
+            "your matrix moves the pair from n to n - k: it is the transpose of B_k. Expand "
+            "sin(a + b) = sin a cos b + cos a sin b: the first row is [cos(omega k), "
+            "sin(omega k)].",
+            lambda omega, k: _block(omega * k, [[1, -2], [2, 1]]),
         ),
-        "a sign is missing: cos(a + b) = cos a cos b - sin a sin b, so the second row is "
-        "[-sin(omega k), cos(omega k)].": lambda omega, k: _block(omega * k, [[1, 2], [2, 1]]),
-    },
+        Mistake(
+            "the angle is omega, not omega * k: an offset of k positions turns the pair by omega k.",
+            lambda omega, k: _block(omega, [[1, 2], [-2, 1]]),
+        ),
+        Mistake(
+            "a sign is missing: cos(a + b) = cos a cos b - sin a sin b, so the second row is "
+            "[-sin(omega k), cos(omega k)].",
+            lambda omega, k: _block(omega * k, [[1, 2], [2, 1]]),
+        ),
+    ],
 )
 def rotation_block(omega: Tensor, k: int) -> Tensor:
     c, s = torch.cos(omega * k), torch.sin(omega * k)
@@ -136,7 +155,7 @@ def rotation_block(omega: Tensor, k: int) -> Tensor:
 
 def _concat_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
     D, D_r, D_out = ((4, 4, 3), (5, 3, 6), (2, 6, 4))[trial % 3]
-    return _r(gen, D, D_out), _r(gen, D_r, D_out)
+    return randn(gen, D, D_out), randn(gen, D_r, D_out)
 
 
 @exercise(
@@ -147,12 +166,13 @@ def _concat_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
         "(D + D_r, D_out) with torch.cat([X, R], dim=1) @ W == X @ W_1 + R @ W_2 for all X, R."
     ),
     make_inputs=_concat_inputs,
-    mistakes={
-        "the blocks are in the wrong order: the first D rows of W multiply the first D features "
-        "of [X, R], which are X's, so W = [W_1; W_2] (torch.cat([W_1, W_2], dim=0)).": (
-            lambda W_1, W_2: torch.cat([W_2, W_1], dim=0)
+    mistakes=[
+        Mistake(
+            "the blocks are in the wrong order: the first D rows of W multiply the first D features "
+            "of [X, R], which are X's, so W = [W_1; W_2] (torch.cat([W_1, W_2], dim=0)).",
+            lambda W_1, W_2: torch.cat([W_2, W_1], dim=0),
         ),
-    },
+    ],
 )
 def concat_weight(W_1: Tensor, W_2: Tensor) -> Tensor:
     # [X, R] W = X W[:D] + R W[D:]: stack the two maps on top of each other.
@@ -207,14 +227,14 @@ def _equivariance_inputs(gen: torch.Generator, trial: int) -> tuple[_Named, Tens
         f = make(D, H).double().eval()
     with torch.no_grad():
         for p in f.parameters():
-            p.copy_(0.5 * _r(gen, *p.shape))
+            p.copy_(0.5 * randn(gen, *p.shape))
     perm = torch.randperm(N, generator=gen)
     while bool((perm[perm] == torch.arange(N)).all()):  # avoid a self-inverse permutation
         perm = torch.randperm(N, generator=gen)
     name = ("a pre-norm block", "a causal post-norm block", "learned positions + a block")[
         trial % 3
     ]
-    return _Named(f, f"<f: {name}, D={D}, H={H}>"), _r(gen, B, N, D), perm
+    return _Named(f, f"<f: {name}, D={D}, H={H}>"), randn(gen, B, N, D), perm
 
 
 def _gap(f, X: Tensor, perm: Tensor, out_perm: Tensor | None, how: str = "max") -> Tensor:
@@ -232,16 +252,28 @@ def _gap(f, X: Tensor, perm: Tensor, out_perm: Tensor | None, how: str = "max") 
         "equivariant, large when it is not."
     ),
     make_inputs=_equivariance_inputs,
-    mistakes={
-        "you compared f(X[:, perm]) with f(X) itself; equivariance says the OUTPUT is reordered "
-        "too: compare with f(X)[:, perm].": lambda f, X, perm: _gap(f, X, perm, None),
-        "you reordered the output with the inverse permutation; reorder f(X) exactly as you "
-        "reordered X: f(X)[:, perm].": lambda f, X, perm: _gap(f, X, perm, torch.argsort(perm)),
-        "you returned the MEAN absolute difference; the check needs the largest one, "
-        "(...).abs().max().": lambda f, X, perm: _gap(f, X, perm, perm, "mean"),
-        "you returned the largest signed difference; take the absolute value first, "
-        "(...).abs().max().": lambda f, X, perm: _gap(f, X, perm, perm, "signed"),
-    },
+    mistakes=[
+        Mistake(
+            "you compared f(X[:, perm]) with f(X) itself; equivariance says the OUTPUT is reordered "
+            "too: compare with f(X)[:, perm].",
+            lambda f, X, perm: _gap(f, X, perm, None),
+        ),
+        Mistake(
+            "you reordered the output with the inverse permutation; reorder f(X) exactly as you "
+            "reordered X: f(X)[:, perm].",
+            lambda f, X, perm: _gap(f, X, perm, torch.argsort(perm)),
+        ),
+        Mistake(
+            "you returned the MEAN absolute difference; the check needs the largest one, "
+            "(...).abs().max().",
+            lambda f, X, perm: _gap(f, X, perm, perm, "mean"),
+        ),
+        Mistake(
+            "you returned the largest signed difference; take the absolute value first, "
+            "(...).abs().max().",
+            lambda f, X, perm: _gap(f, X, perm, perm, "signed"),
+        ),
+    ],
 )
 def equivariance_gap(f, X: Tensor, perm: Tensor) -> Tensor:
     permuted_then_f = f(X[:, perm])  # (B, N, D): reorder the tokens, then apply f

@@ -13,13 +13,9 @@ import math
 import torch
 from torch import Tensor
 
-from . import exercise
+from . import Mistake, exercise, randn
 
 _SIZES = ((4, 4, 3), (3, 6, 5), (7, 5, 8))  # (N, M, d_k) per trial: square first, then not
-
-
-def _r(gen: torch.Generator, *shape: int) -> Tensor:
-    return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -28,7 +24,7 @@ def _r(gen: torch.Generator, *shape: int) -> Tensor:
 
 def _score_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
     N, M, d_k = _SIZES[trial % 3]
-    return _r(gen, N, d_k), _r(gen, M, d_k)
+    return randn(gen, N, d_k), randn(gen, M, d_k)
 
 
 @exercise(
@@ -38,16 +34,26 @@ def _score_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
         "S = Q K^T / sqrt(d_k) of shape (N, M): S[n, m] = q_n . k_m / sqrt(d_k)."
     ),
     make_inputs=_score_inputs,
-    mistakes={
-        "queries and keys are swapped: you computed K Q^T; row n of S must belong to query n, "
-        "so S = Q K^T.": lambda Q, K: K @ Q.T / math.sqrt(Q.shape[1]),
-        "the 1/sqrt(d_k) scale is missing: divide Q K^T by sqrt(d_k).": lambda Q, K: Q @ K.T,
-        "you divided by d_k; the scale is 1/sqrt(d_k) (the standard deviation of q . k), not "
-        "1/d_k.": lambda Q, K: Q @ K.T / Q.shape[1],
-        "you multiplied by sqrt(d_k); the scores are divided by sqrt(d_k).": (
-            lambda Q, K: Q @ K.T * math.sqrt(Q.shape[1])
+    mistakes=[
+        Mistake(
+            "queries and keys are swapped: you computed K Q^T; row n of S must belong to query n, "
+            "so S = Q K^T.",
+            lambda Q, K: K @ Q.T / math.sqrt(Q.shape[1]),
         ),
-    },
+        Mistake(
+            "the 1/sqrt(d_k) scale is missing: divide Q K^T by sqrt(d_k).",
+            lambda Q, K: Q @ K.T,
+        ),
+        Mistake(
+            "you divided by d_k; the scale is 1/sqrt(d_k) (the standard deviation of q . k), not "
+            "1/d_k.",
+            lambda Q, K: Q @ K.T / Q.shape[1],
+        ),
+        Mistake(
+            "you multiplied by sqrt(d_k); the scores are divided by sqrt(d_k).",
+            lambda Q, K: Q @ K.T * math.sqrt(Q.shape[1]),
+        ),
+    ],
 )
 def scores(Q: Tensor, K: Tensor) -> Tensor:
     d_k = Q.shape[-1]
@@ -60,7 +66,7 @@ def scores(Q: Tensor, K: Tensor) -> Tensor:
 
 def _softmax_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor]:
     N, M, _ = _SIZES[trial % 3]
-    S = 3.0 * _r(gen, N, M)
+    S = 3.0 * randn(gen, N, M)
     if trial == 2:
         S = S + 800.0  # exp(800) overflows float64: only a stable softmax survives
     return (S,)
@@ -75,17 +81,22 @@ def _softmax_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor]:
     ),
     make_inputs=_softmax_inputs,
     rows_sum_to_one=True,
-    mistakes={
-        "you normalised each column (dim=0); each query's row must sum to one (sum over dim=-1, "
-        "with keepdim=True).": lambda S: torch.exp(S - S.amax()) / torch.exp(S - S.amax()).sum(0),
-        "you divided by the sum of the whole matrix; normalise each row separately "
-        "(sum over dim=-1 with keepdim=True).": lambda S: (
-            torch.exp(S - S.amax()) / torch.exp(S - S.amax()).sum()
+    mistakes=[
+        Mistake(
+            "you normalised each column (dim=0); each query's row must sum to one (sum over dim=-1, "
+            "with keepdim=True).",
+            lambda S: torch.exp(S - S.amax()) / torch.exp(S - S.amax()).sum(0),
         ),
-        "the exponential is missing: S / S.sum(...) is not a softmax (and can be negative).": (
-            lambda S: S / S.sum(-1, keepdim=True)
+        Mistake(
+            "you divided by the sum of the whole matrix; normalise each row separately "
+            "(sum over dim=-1 with keepdim=True).",
+            lambda S: torch.exp(S - S.amax()) / torch.exp(S - S.amax()).sum(),
         ),
-    },
+        Mistake(
+            "the exponential is missing: S / S.sum(...) is not a softmax (and can be negative).",
+            lambda S: S / S.sum(-1, keepdim=True),
+        ),
+    ],
 )
 def softmax_rows(S: Tensor) -> Tensor:
     S = S - S.amax(
@@ -103,7 +114,7 @@ def _masked_inputs(
     gen: torch.Generator, trial: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     N, D, d_k, d_v = ((5, 4, 3, 2), (6, 3, 4, 5), (8, 6, 2, 3))[trial % 3]
-    X, W_q, W_k, W_v = _r(gen, N, D), _r(gen, D, d_k), _r(gen, D, d_k), _r(gen, D, d_v)
+    X, W_q, W_k, W_v = randn(gen, N, D), randn(gen, D, d_k), randn(gen, D, d_k), randn(gen, D, d_v)
     if trial == 0:
         mask = torch.ones(N, N, dtype=torch.bool).tril()  # causal
     else:
@@ -133,24 +144,30 @@ def _masked_attention(X, W_q, W_k, W_v, mask, keep, scale=True, renormalise=True
         "so that their weights are exactly zero and each row of weights still sums to one."
     ),
     make_inputs=_masked_inputs,
-    mistakes={
-        "the mask is inverted: True means 'may attend', so fill the scores where the mask is "
-        "False: S.masked_fill(~mask, float('-inf')).": lambda X, W_q, W_k, W_v, mask: (
-            _masked_attention(X, W_q, W_k, W_v, ~mask, ~mask)
+    mistakes=[
+        Mistake(
+            "the mask is inverted: True means 'may attend', so fill the scores where the mask is "
+            "False: S.masked_fill(~mask, float('-inf')).",
+            lambda X, W_q, W_k, W_v, mask: _masked_attention(X, W_q, W_k, W_v, ~mask, ~mask),
         ),
-        "the mask is ignored: every query attended to every key.": lambda X, W_q, W_k, W_v, mask: (
-            _masked_attention(X, W_q, W_k, W_v, mask, None)
+        Mistake(
+            "the mask is ignored: every query attended to every key.",
+            lambda X, W_q, W_k, W_v, mask: _masked_attention(X, W_q, W_k, W_v, mask, None),
         ),
-        "you zeroed the weights after the softmax, so rows no longer sum to one; mask the scores "
-        "with -inf before the softmax instead.": lambda X, W_q, W_k, W_v, mask: _masked_attention(
-            X, W_q, W_k, W_v, mask, mask, renormalise=False
+        Mistake(
+            "you zeroed the weights after the softmax, so rows no longer sum to one; mask the scores "
+            "with -inf before the softmax instead.",
+            lambda X, W_q, W_k, W_v, mask: _masked_attention(
+                X, W_q, W_k, W_v, mask, mask, renormalise=False
+            ),
         ),
-        "the 1/sqrt(d_k) scale is missing: divide Q K^T by sqrt(d_k) before masking.": (
+        Mistake(
+            "the 1/sqrt(d_k) scale is missing: divide Q K^T by sqrt(d_k) before masking.",
             lambda X, W_q, W_k, W_v, mask: _masked_attention(
                 X, W_q, W_k, W_v, mask, mask, scale=False
-            )
+            ),
         ),
-    },
+    ],
 )
 def masked_self_attention(X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, mask: Tensor) -> Tensor:
     Q, K, V = X @ W_q, X @ W_k, X @ W_v  # (N, d_k), (N, d_k), (N, d_v)
@@ -186,16 +203,23 @@ def _const(value: float) -> Tensor:
     make_inputs=_variance_inputs,
     atol=0.0,
     rtol=0.05,
-    mistakes={
-        "your answer is close to sqrt(d_k): that is the standard deviation of q . k; return the "
-        "variance (.var(), not .std()).": lambda d_k, n, seed: _const(math.sqrt(d_k)),
-        "your answer is close to 1: that is the variance of q . k / sqrt(d_k) (the scaled score) "
-        "or of a single product q_i k_i; the unscaled dot product sums d_k such terms.": (
-            lambda d_k, n, seed: _const(1.0)
+    mistakes=[
+        Mistake(
+            "your answer is close to sqrt(d_k): that is the standard deviation of q . k; return the "
+            "variance (.var(), not .std()).",
+            lambda d_k, n, seed: _const(math.sqrt(d_k)),
         ),
-        "your answer is close to num_samples: you summed over the samples (dim=0) instead of "
-        "over the d_k coordinates (dim=-1) of each pair.": lambda d_k, n, seed: _const(float(n)),
-    },
+        Mistake(
+            "your answer is close to 1: that is the variance of q . k / sqrt(d_k) (the scaled score) "
+            "or of a single product q_i k_i; the unscaled dot product sums d_k such terms.",
+            lambda d_k, n, seed: _const(1.0),
+        ),
+        Mistake(
+            "your answer is close to num_samples: you summed over the samples (dim=0) instead of "
+            "over the d_k coordinates (dim=-1) of each pair.",
+            lambda d_k, n, seed: _const(float(n)),
+        ),
+    ],
 )
 def qk_variance(d_k: int, num_samples: int, seed: int) -> Tensor:
     g = torch.Generator().manual_seed(seed)
@@ -211,7 +235,7 @@ def qk_variance(d_k: int, num_samples: int, seed: int) -> Tensor:
 
 def _bias_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
     D, d = ((3, 2), (5, 4), (4, 6))[trial % 3]
-    return _r(gen, D, d), _r(gen, d)
+    return randn(gen, D, d), randn(gen, d)
 
 
 @exercise(
@@ -222,14 +246,18 @@ def _bias_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
         "constant feature 1 is appended as the LAST column of X."
     ),
     make_inputs=_bias_inputs,
-    mistakes={
-        "b is in the first row of W_aug, but the constant 1 is the LAST feature of [X, 1], so b "
-        "must be the last row: torch.cat([W, b[None, :]], dim=0).": lambda W, b: torch.cat(
-            [b[None, :], W], dim=0
+    mistakes=[
+        Mistake(
+            "b is in the first row of W_aug, but the constant 1 is the LAST feature of [X, 1], so b "
+            "must be the last row: torch.cat([W, b[None, :]], dim=0).",
+            lambda W, b: torch.cat([b[None, :], W], dim=0),
         ),
-        "the last row is all ones; it must hold the bias b (the ones are in X's extra column, "
-        "not in W_aug).": lambda W, b: torch.cat([W, torch.ones_like(b)[None, :]], dim=0),
-    },
+        Mistake(
+            "the last row is all ones; it must hold the bias b (the ones are in X's extra column, "
+            "not in W_aug).",
+            lambda W, b: torch.cat([W, torch.ones_like(b)[None, :]], dim=0),
+        ),
+    ],
 )
 def absorb_bias(W: Tensor, b: Tensor) -> Tensor:
     return torch.cat([W, b[None, :]], dim=0)  # (D + 1, d): the last row multiplies the constant 1

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import exercise
+from . import Mistake, exercise
 
 # Lines of Coriolanus (public domain; the opening of tiny-shakespeare) for the text exercises.
 _LINES = (
@@ -43,22 +43,25 @@ def _text_inputs(gen: torch.Generator, trial: int) -> tuple[str]:
         "id of every character of `text` as a 1-D torch.long tensor of length len(text)."
     ),
     make_inputs=_text_inputs,
-    mistakes={
-        "your vocabulary lists the characters in order of first appearance; the course sorts the "
-        "distinct characters (sorted(set(text))), so ' ' and capitals come first.": (
+    mistakes=[
+        Mistake(
+            "your vocabulary lists the characters in order of first appearance; the course sorts the "
+            "distinct characters (sorted(set(text))), so ' ' and capitals come first.",
             lambda text: torch.tensor(
                 [list(dict.fromkeys(text)).index(c) for c in text], dtype=torch.long
-            )
+            ),
         ),
-        "your ids start at 1; ids are positions in the vocabulary list, counted from 0 (they index "
-        "the rows of the embedding matrix).": (
-            lambda text: torch.tensor([sorted(set(text)).index(c) + 1 for c in text])
+        Mistake(
+            "your ids start at 1; ids are positions in the vocabulary list, counted from 0 (they index "
+            "the rows of the embedding matrix).",
+            lambda text: torch.tensor([sorted(set(text)).index(c) + 1 for c in text]),
         ),
-        "you returned Unicode code points (ord(c)); an id is the character's position in this "
-        "text's own vocabulary, 0 .. V-1.": (
-            lambda text: torch.tensor([ord(c) for c in text], dtype=torch.long)
+        Mistake(
+            "you returned Unicode code points (ord(c)); an id is the character's position in this "
+            "text's own vocabulary, 0 .. V-1.",
+            lambda text: torch.tensor([ord(c) for c in text], dtype=torch.long),
         ),
-    },
+    ],
 )
 def char_encode(text: str) -> Tensor:
     vocab = sorted(set(text))  # the distinct characters, sorted by code point
@@ -85,16 +88,18 @@ def _embed_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
         "indexing E, build the one-hot vectors O (B, N, V) and return O @ E, shape (B, N, D)."
     ),
     make_inputs=_embed_inputs,
-    mistakes={
-        "you returned the one-hot tensor O itself, shape (B, N, V); the embeddings are O @ E, "
-        "shape (B, N, D).": (
-            lambda ids, E: torch.nn.functional.one_hot(ids, E.shape[0]).to(E.dtype)
+    mistakes=[
+        Mistake(
+            "you returned the one-hot tensor O itself, shape (B, N, V); the embeddings are O @ E, "
+            "shape (B, N, D).",
+            lambda ids, E: torch.nn.functional.one_hot(ids, E.shape[0]).to(E.dtype),
         ),
-        "each token got the row before its own (E[s - 1]): ids count from 0, so token s is row s "
-        "of E and token 0 is the first row. (Some sources number tokens 1..V; PyTorch does not.)": (
-            lambda ids, E: E[(ids - 1) % E.shape[0]]
+        Mistake(
+            "each token got the row before its own (E[s - 1]): ids count from 0, so token s is row s "
+            "of E and token 0 is the first row. (Some sources number tokens 1..V; PyTorch does not.)",
+            lambda ids, E: E[(ids - 1) % E.shape[0]],
         ),
-    },
+    ],
 )
 def one_hot_embed(ids: Tensor, E: Tensor) -> Tensor:
     V = E.shape[0]
@@ -149,21 +154,29 @@ def _merge_without_skip(ids: Tensor, pair: tuple[int, int], new_id: int) -> Tens
         "shorter than ids by the number of merges made."
     ),
     make_inputs=_merge_inputs,
-    mistakes={
-        "you merged only the first occurrence of the pair; BPE replaces every occurrence, "
-        "scanning the whole sequence.": _merge_first_only,
-        "after a match, move past both ids of the pair (i += 2): your output keeps the second "
-        "id of each merged pair, and with the pair (a, a) turns 'a a a' into 'new new a' "
-        "instead of 'new a'.": _merge_without_skip,
-        "the merged token must get the id you are given, new_id; yours used 256 (the first merge's "
-        "id). Later merges get 257, 258, ...": (
-            lambda ids, pair, new_id: _merge_with_id(ids, pair, 256)
+    mistakes=[
+        Mistake(
+            "you merged only the first occurrence of the pair; BPE replaces every occurrence, "
+            "scanning the whole sequence.",
+            _merge_first_only,
         ),
-        "the merged token must get the id you are given, new_id; yours used max(ids) + 1, which "
-        "may clash with a token learned earlier.": (
-            lambda ids, pair, new_id: _merge_with_id(ids, pair, int(ids.max()) + 1)
+        Mistake(
+            "after a match, move past both ids of the pair (i += 2): your output keeps the second "
+            "id of each merged pair, and with the pair (a, a) turns 'a a a' into 'new new a' "
+            "instead of 'new a'.",
+            _merge_without_skip,
         ),
-    },
+        Mistake(
+            "the merged token must get the id you are given, new_id; yours used 256 (the first merge's "
+            "id). Later merges get 257, 258, ...",
+            lambda ids, pair, new_id: _merge_with_id(ids, pair, 256),
+        ),
+        Mistake(
+            "the merged token must get the id you are given, new_id; yours used max(ids) + 1, which "
+            "may clash with a token learned earlier.",
+            lambda ids, pair, new_id: _merge_with_id(ids, pair, int(ids.max()) + 1),
+        ),
+    ],
 )
 def bpe_merge(ids: Tensor, pair: tuple[int, int], new_id: int) -> Tensor:
     seq, out, i = ids.tolist(), [], 0
@@ -212,25 +225,29 @@ def _patches_by_loop(images: Tensor, P: int, column_major: bool, layout: str) ->
         "then pixel column, i.e. patch.reshape(C*P*P) of a (C, P, P) patch."
     ),
     make_inputs=_patch_inputs,
-    mistakes={
-        "your patches are in column-major order (down the first column of patches first); the "
-        "course goes along each row of patches first, like reading text.": (
-            lambda images, P: _patches_by_loop(images, P, True, "plain")
+    mistakes=[
+        Mistake(
+            "your patches are in column-major order (down the first column of patches first); the "
+            "course goes along each row of patches first, like reading text.",
+            lambda images, P: _patches_by_loop(images, P, True, "plain"),
         ),
-        "each patch is transposed: you flattened pixel columns before pixel rows. Flatten a "
-        "(C, P, P) patch as channel, row, column.": (
-            lambda images, P: _patches_by_loop(images, P, False, "transposed")
+        Mistake(
+            "each patch is transposed: you flattened pixel columns before pixel rows. Flatten a "
+            "(C, P, P) patch as channel, row, column.",
+            lambda images, P: _patches_by_loop(images, P, False, "transposed"),
         ),
-        "your patches are flattened channel-last, as (P, P, C); the course (and Conv2d's weight "
-        "layout) flattens (C, P, P): all of channel 0, then channel 1, ...": (
-            lambda images, P: _patches_by_loop(images, P, False, "channels_last")
+        Mistake(
+            "your patches are flattened channel-last, as (P, P, C); the course (and Conv2d's weight "
+            "layout) flattens (C, P, P): all of channel 0, then channel 1, ...",
+            lambda images, P: _patches_by_loop(images, P, False, "channels_last"),
         ),
-        "you reshaped the images to (B, N, C*P*P) directly, without moving the patch axes "
-        "together first: each 'patch' mixes pixels from different patches and channels. Reshape "
-        "to (B, C, H/P, P, W/P, P), permute to (B, H/P, W/P, C, P, P), then reshape.": (
-            lambda images, P: images.reshape(images.shape[0], -1, images.shape[1] * P * P)
+        Mistake(
+            "you reshaped the images to (B, N, C*P*P) directly, without moving the patch axes "
+            "together first: each 'patch' mixes pixels from different patches and channels. Reshape "
+            "to (B, C, H/P, P, W/P, P), permute to (B, H/P, W/P, C, P, P), then reshape.",
+            lambda images, P: images.reshape(images.shape[0], -1, images.shape[1] * P * P),
         ),
-    },
+    ],
 )
 def patchify(images: Tensor, P: int) -> Tensor:
     B, C, H, W = images.shape
@@ -252,25 +269,32 @@ def patchify(images: Tensor, P: int) -> Tensor:
         "number of patch tokens N and the length d of a flattened patch vec(patch_n)."
     ),
     make_inputs=lambda gen, trial: ((224, 224, 16, 3), (32, 48, 8, 1), (30, 45, 7, 3))[trial % 3],
-    mistakes={
-        "N is the number of P x P patches, so divide the pixel count by P twice (once per side): "
-        "you divided H*W by P only once.": (
-            lambda H, W, P, C: torch.tensor([H * W // P, C * P * P])
+    mistakes=[
+        Mistake(
+            "N is the number of P x P patches, so divide the pixel count by P twice (once per side): "
+            "you divided H*W by P only once.",
+            lambda H, W, P, C: torch.tensor([H * W // P, C * P * P]),
         ),
-        "a patch holds C*P*P numbers, one per channel and pixel; your d forgot the C channels.": (
-            lambda H, W, P, C: torch.tensor([(H // P) * (W // P), P * P])
+        Mistake(
+            "a patch holds C*P*P numbers, one per channel and pixel; your d forgot the C channels.",
+            lambda H, W, P, C: torch.tensor([(H // P) * (W // P), P * P]),
         ),
-        "the patches form a grid of (H/P) rows times (W/P) columns: multiply the two counts, "
-        "do not add them.": (lambda H, W, P, C: torch.tensor([H // P + W // P, C * P * P])),
-        "you rounded up, counting partial patches at the edges; the leftover pixels are cropped, "
-        "so use floor division on each side: (H // P) * (W // P).": (
-            lambda H, W, P, C: torch.tensor([math.ceil(H / P) * math.ceil(W / P), C * P * P])
+        Mistake(
+            "the patches form a grid of (H/P) rows times (W/P) columns: multiply the two counts, "
+            "do not add them.",
+            lambda H, W, P, C: torch.tensor([H // P + W // P, C * P * P]),
         ),
-        "floor each side separately: H*W // (P*P) counts leftover edge pixels as if they formed "
-        "whole patches; use (H // P) * (W // P).": (
-            lambda H, W, P, C: torch.tensor([H * W // (P * P), C * P * P])
+        Mistake(
+            "you rounded up, counting partial patches at the edges; the leftover pixels are cropped, "
+            "so use floor division on each side: (H // P) * (W // P).",
+            lambda H, W, P, C: torch.tensor([math.ceil(H / P) * math.ceil(W / P), C * P * P]),
         ),
-    },
+        Mistake(
+            "floor each side separately: H*W // (P*P) counts leftover edge pixels as if they formed "
+            "whole patches; use (H // P) * (W // P).",
+            lambda H, W, P, C: torch.tensor([H * W // (P * P), C * P * P]),
+        ),
+    ],
 )
 def count_tokens(H: int, W: int, P: int, C: int) -> Tensor:
     N = (H // P) * (W // P)  # whole patches only: a grid of H//P rows and W//P columns

@@ -13,12 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import exercise
-
-
-def _r(gen: torch.Generator, *shape: int) -> Tensor:
-    return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
+from . import Mistake, exercise, randn
 
 # ---------------------------------------------------------------------------------------------------
 # 1. How many tokens, and how wide (Turner fig. 2; Dosovitskiy et al. sec. 3.1)
@@ -37,18 +32,26 @@ def _count_inputs(gen: torch.Generator, trial: int) -> tuple[int, int, int, int]
     ),
     make_inputs=_count_inputs,
     trials=4,
-    mistakes={
-        "N is the pixel count divided by the patch's area P * P, not by P: "
-        "N = (height / P) * (width / P).": lambda C, h, w, P: torch.tensor([h * w // P, C * P * P]),
-        "a flattened patch holds P * P pixels in each of the C channels: d = C * P * P.": (
-            lambda C, h, w, P: torch.tensor([(h // P) * (w // P), P * P])
+    mistakes=[
+        Mistake(
+            "N is the pixel count divided by the patch's area P * P, not by P: "
+            "N = (height / P) * (width / P).",
+            lambda C, h, w, P: torch.tensor([h * w // P, C * P * P]),
         ),
-        "N assumes a square image; count the rows of patches times the columns of patches, "
-        "(height / P) * (width / P).": lambda C, h, w, P: torch.tensor([(h // P) ** 2, C * P * P]),
-        "N and d are swapped: return [N, d], the number of tokens first.": (
-            lambda C, h, w, P: torch.tensor([C * P * P, (h // P) * (w // P)])
+        Mistake(
+            "a flattened patch holds P * P pixels in each of the C channels: d = C * P * P.",
+            lambda C, h, w, P: torch.tensor([(h // P) * (w // P), P * P]),
         ),
-    },
+        Mistake(
+            "N assumes a square image; count the rows of patches times the columns of patches, "
+            "(height / P) * (width / P).",
+            lambda C, h, w, P: torch.tensor([(h // P) ** 2, C * P * P]),
+        ),
+        Mistake(
+            "N and d are swapped: return [N, d], the number of tokens first.",
+            lambda C, h, w, P: torch.tensor([C * P * P, (h // P) * (w // P)]),
+        ),
+    ],
 )
 def patch_count(C: int, height: int, width: int, P: int) -> Tensor:
     N = (height // P) * (width // P)  # rows of patches times columns of patches
@@ -62,7 +65,7 @@ def patch_count(C: int, height: int, width: int, P: int) -> Tensor:
 
 def _cls_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, Tensor]:
     B, N, D = ((2, 4, 6), (3, 9, 8), (1, 16, 4))[trial % 3]
-    return _r(gen, B, N, D), _r(gen, D), _r(gen, N + 1, D)  # X_p, x_cls, E
+    return randn(gen, B, N, D), randn(gen, D), randn(gen, N + 1, D)  # X_p, x_cls, E
 
 
 def _prepend(X_p: Tensor, x_cls: Tensor) -> Tensor:
@@ -77,20 +80,23 @@ def _prepend(X_p: Tensor, x_cls: Tensor) -> Tensor:
         "the N patches, plus E (row 0 of E is the class token's position)."
     ),
     make_inputs=_cls_inputs,
-    mistakes={
-        "the class token is appended at the end; it goes first (row 0), before the patches.": (
-            lambda X_p, x_cls, E: torch.cat([X_p, x_cls.expand(X_p.shape[0], 1, -1)], dim=1) + E
+    mistakes=[
+        Mistake(
+            "the class token is appended at the end; it goes first (row 0), before the patches.",
+            lambda X_p, x_cls, E: torch.cat([X_p, x_cls.expand(X_p.shape[0], 1, -1)], dim=1) + E,
         ),
-        "the positions were added before the class token was prepended, so the class token has "
-        "no position: prepend first, then add all N+1 rows of E.": (
-            lambda X_p, x_cls, E: _prepend(X_p + E[1:], x_cls)
+        Mistake(
+            "the positions were added before the class token was prepended, so the class token has "
+            "no position: prepend first, then add all N+1 rows of E.",
+            lambda X_p, x_cls, E: _prepend(X_p + E[1:], x_cls),
         ),
-        "the positions were added before the class token was prepended, with rows 0..N-1 of E: "
-        "the class token has no position and every patch has the position of the token before "
-        "it. Prepend first, then add all N+1 rows.": lambda X_p, x_cls, E: _prepend(
-            X_p + E[:-1], x_cls
+        Mistake(
+            "the positions were added before the class token was prepended, with rows 0..N-1 of E: "
+            "the class token has no position and every patch has the position of the token before "
+            "it. Prepend first, then add all N+1 rows.",
+            lambda X_p, x_cls, E: _prepend(X_p + E[:-1], x_cls),
         ),
-    },
+    ],
 )
 def cls_and_positions(X_p: Tensor, x_cls: Tensor, E: Tensor) -> Tensor:
     B = X_p.shape[0]
@@ -104,7 +110,7 @@ def cls_and_positions(X_p: Tensor, x_cls: Tensor, E: Tensor) -> Tensor:
 
 def _pool_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor]:
     B, N, D = ((2, 4, 6), (3, 9, 5), (4, 16, 8))[trial % 3]
-    X = _r(gen, B, 1 + N, D)  # (B, 1 + N, D)
+    X = randn(gen, B, 1 + N, D)  # (B, 1 + N, D)
     X[:, 0] += 3.0  # the class token's row differs clearly from the patch rows
     return (X,)
 
@@ -116,20 +122,26 @@ def _pool_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor]:
         "tokens. Return h (B, D), the average of the N patch tokens (the class token left out)."
     ),
     make_inputs=_pool_inputs,
-    mistakes={
-        "the class token is included in the average; average rows 1..N only (X[:, 1:]).": (
-            lambda X: X.mean(dim=1)
+    mistakes=[
+        Mistake(
+            "the class token is included in the average; average rows 1..N only (X[:, 1:]).",
+            lambda X: X.mean(dim=1),
         ),
-        "the average is over the features of each token; average over the tokens (dim=1) to get "
-        "one D-vector per image.": lambda X: X[:, 1:].mean(dim=-1),
-        "you summed the patch tokens (Turner writes h as a sum); divide by N for the mean, as the "
-        "ViT paper's global average pooling and the package's pool='mean' do.": (
-            lambda X: X[:, 1:].sum(dim=1)
+        Mistake(
+            "the average is over the features of each token; average over the tokens (dim=1) to get "
+            "one D-vector per image.",
+            lambda X: X[:, 1:].mean(dim=-1),
         ),
-        "you returned the class token's output; mean pooling averages the patch tokens instead.": (
-            lambda X: X[:, 0]
+        Mistake(
+            "you summed the patch tokens (Turner writes h as a sum); divide by N for the mean, as the "
+            "ViT paper's global average pooling and the package's pool='mean' do.",
+            lambda X: X[:, 1:].sum(dim=1),
         ),
-    },
+        Mistake(
+            "you returned the class token's output; mean pooling averages the patch tokens instead.",
+            lambda X: X[:, 0],
+        ),
+    ],
 )
 def mean_pool(X: Tensor) -> Tensor:
     return X[:, 1:].mean(dim=1)  # (B, N, D) -> (B, D): patch tokens only
@@ -169,20 +181,31 @@ def _crop(images: Tensor, shifts: Tensor, p: int, sign: int = 1, swap: bool = Fa
         "max_shift zeros, then crop an H x W window. Return (B, C, H, W)."
     ),
     make_inputs=_shift_inputs,
-    mistakes={
-        "the content moves the wrong way: a positive dy must move the image down, so crop from row "
-        "max_shift - dy (and column max_shift - dx).": lambda x, s, p: _crop(x, s, p, sign=-1),
-        "dy and dx are swapped: shifts[b, 0] moves rows (down), shifts[b, 1] moves columns (right).": (
-            lambda x, s, p: _crop(x, s, p, swap=True)
+    mistakes=[
+        Mistake(
+            "the content moves the wrong way: a positive dy must move the image down, so crop from row "
+            "max_shift - dy (and column max_shift - dx).",
+            lambda x, s, p: _crop(x, s, p, sign=-1),
         ),
-        "pixels wrap around the border (torch.roll); the augmentation fills the uncovered border "
-        "with zeros: pad, then crop.": lambda x, s, p: torch.stack(
-            [torch.roll(x[b], (int(s[b, 0]), int(s[b, 1])), dims=(-2, -1)) for b in range(len(x))]
+        Mistake(
+            "dy and dx are swapped: shifts[b, 0] moves rows (down), shifts[b, 1] moves columns (right).",
+            lambda x, s, p: _crop(x, s, p, swap=True),
         ),
-        "every image got the first image's shift; image b moves by its own shifts[b].": (
-            lambda x, s, p: _crop(x, s[:1].expand(len(x), 2), p)
+        Mistake(
+            "pixels wrap around the border (torch.roll); the augmentation fills the uncovered border "
+            "with zeros: pad, then crop.",
+            lambda x, s, p: torch.stack(
+                [
+                    torch.roll(x[b], (int(s[b, 0]), int(s[b, 1])), dims=(-2, -1))
+                    for b in range(len(x))
+                ]
+            ),
         ),
-    },
+        Mistake(
+            "every image got the first image's shift; image b moves by its own shifts[b].",
+            lambda x, s, p: _crop(x, s[:1].expand(len(x), 2), p),
+        ),
+    ],
 )
 def shift_images(images: Tensor, shifts: Tensor, max_shift: int) -> Tensor:
     B, _, H, W = images.shape  # (B, C, H, W)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer_course.attention import attention_weights, self_attention
-from transformer_course.conventions import (
+from transformer_course.notation import (
     columns_to_rows,
     rows_to_columns,
     turner_attention,
     turner_self_attention,
 )
+from transformer_course.self_attention import attention_weights, single_head
 
 
 @pytest.mark.parametrize(("N", "D", "K", "D_v"), [(1, 3, 2, 3), (6, 8, 4, 8), (9, 5, 5, 2)])
@@ -25,7 +25,7 @@ def test_column_form_equals_row_form(N, D, K, D_v, gen):
     torch.testing.assert_close(A_cols, attention_weights(X @ W_q, X @ W_k).T, atol=1e-12, rtol=0)
     Y_cols = turner_self_attention(X_cols, U_q, U_k, U_v)
     torch.testing.assert_close(
-        columns_to_rows(Y_cols), self_attention(X, W_q, W_k, W_v), atol=1e-12, rtol=0
+        columns_to_rows(Y_cols), single_head(X, W_q, W_k, W_v), atol=1e-12, rtol=0
     )
 
 
@@ -54,8 +54,8 @@ def test_round_trip():
 @pytest.mark.parametrize(("D", "H", "N"), [(4, 1, 3), (8, 2, 5), (12, 4, 6)])
 def test_turner_multi_head_equals_concat_form(D, H, N, gen):
     """sum_h V_h X A_h == concat(heads) W_o, with V_h = (W_v^(h) W_o^(h))^T of rank <= D/H."""
-    from transformer_course.conventions import low_rank_V, turner_multi_head_self_attention
     from transformer_course.multihead import multi_head_attention_reference
+    from transformer_course.notation import low_rank_V, turner_multi_head_self_attention
 
     X = torch.randn(N, D, generator=gen, dtype=torch.float64)
     W_q, W_k, W_v, W_o = (torch.randn(D, D, generator=gen, dtype=torch.float64) for _ in range(4))

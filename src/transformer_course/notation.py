@@ -4,7 +4,7 @@ Chapter: *Notation and conventions*. The course stores tokens as rows (``X`` is 
 ``(B, N, D)``), as Bishop, MIT 6.390, Dramko and PyTorch do. Turner (2023) stores them as columns
 (``X`` is ``D x N``), writes parameters as ``U`` matrices acting on the left, and normalises his
 attention matrix over columns. This module writes single-head self-attention exactly in Turner's form
-so the book can show, number for number, that it equals the row form of :mod:`.attention`.
+so the book can show, number for number, that it equals the row form of :mod:`.self_attention`.
 
 Translation (single head): ``X_cols = X.T``, ``U_q = W_q.T``, ``U_k = W_k.T``, ``U_v = W_v.T``; then
 ``A_cols = A.T`` and ``Y_cols = Y.T``.
@@ -61,7 +61,7 @@ def _check_U(X_cols: Tensor, **U: Tensor) -> None:
 def turner_attention(
     X_cols: Tensor, U_q: Tensor, U_k: Tensor, scale: float | None = None
 ) -> Tensor:
-    r"""Turner's attention matrix, eq. ``turner-attention`` (Turner 2023, eq. 3 and 5).
+    r"""Turner's attention matrix, book eq. ``eq-turner-attention`` (Turner 2023, eq. 3 and 5).
 
     .. math:: A_{n',n} = \frac{\exp\big(\mathbf{k}_{n'}^\top \mathbf{q}_n \, s\big)}
               {\sum_{n''=1}^{N} \exp\big(\mathbf{k}_{n''}^\top \mathbf{q}_n \, s\big)},\qquad
@@ -88,17 +88,18 @@ def turner_attention(
 def turner_self_attention(
     X_cols: Tensor, U_q: Tensor, U_k: Tensor, U_v: Tensor, scale: float | None = None
 ) -> Tensor:
-    r"""Single-head self-attention in Turner's column form, eq. ``turner-self-attention``.
+    r"""Single-head self-attention in Turner's column form, book eq. ``eq-turner-self-attention``.
 
     .. math:: Y = U_v X A, \qquad \mathbf{y}_n = \sum_{n'} U_v \mathbf{x}_{n'} A_{n',n}
 
-    (Turner 2023, eq. 2 with values, i.e. eq. 4 with ``H = 1`` and ``V_1 = U_v``.)
+    (Turner's eq. 2, :math:`Y = X A`, has no value map; this is his eq. 4 with ``H = 1`` and
+    ``V_1 = U_v``.)
 
     Args:
         X_cols: ``(D, N)``; U_q, U_k: ``(K, D)``; U_v: ``(D_v, D)``.
 
     Returns:
-        ``Y_cols`` of shape ``(D_v, N)``; equals ``self_attention(X, U_q.T, U_k.T, U_v.T).T``.
+        ``Y_cols`` of shape ``(D_v, N)``; equals ``self_attention.single_head(X, U_q.T, U_k.T, U_v.T).T``.
     """
     _check_U(X_cols, U_v=U_v)
     A_cols = turner_attention(X_cols, U_q, U_k, scale)  # (N, N), columns sum to one

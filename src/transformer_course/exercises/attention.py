@@ -9,21 +9,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import exercise
-
-
-def _r(gen: torch.Generator, *shape: int) -> Tensor:
-    return torch.randn(*shape, generator=gen, dtype=torch.float64)
+from . import Mistake, exercise, randn
 
 
 def _weights(gen: torch.Generator, *shape: int) -> Tensor:
     """Random valid attention weights: non-negative rows summing to one."""
-    return torch.softmax(2 * _r(gen, *shape), dim=-1)
+    return torch.softmax(2 * randn(gen, *shape), dim=-1)
 
 
 def _one_token_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
     N, D = ((5, 3), (8, 4), (3, 6))[trial % 3]
-    return _r(gen, N, D), _weights(gen, N)
+    return randn(gen, N, D), _weights(gen, N)
 
 
 @exercise(
@@ -34,14 +30,23 @@ def _one_token_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]
         "y = sum_m a_m x_m, shape (D,)."
     ),
     make_inputs=_one_token_inputs,
-    mistakes={
-        "you returned the plain mean of the tokens: the weights a_m were ignored. "
-        "Multiply token m by a_m before adding.": lambda X, a: X.mean(dim=0),
-        "you added the weighted tokens and then divided by N; the weights already sum to one, so "
-        "y = sum_m a_m x_m needs no further division.": lambda X, a: (a @ X) / X.shape[0],
-        "you returned the unweighted sum of the tokens; each token must be multiplied by its "
-        "weight a_m.": lambda X, a: X.sum(dim=0),
-    },
+    mistakes=[
+        Mistake(
+            "you returned the plain mean of the tokens: the weights a_m were ignored. "
+            "Multiply token m by a_m before adding.",
+            lambda X, a: X.mean(dim=0),
+        ),
+        Mistake(
+            "you added the weighted tokens and then divided by N; the weights already sum to one, so "
+            "y = sum_m a_m x_m needs no further division.",
+            lambda X, a: (a @ X) / X.shape[0],
+        ),
+        Mistake(
+            "you returned the unweighted sum of the tokens; each token must be multiplied by its "
+            "weight a_m.",
+            lambda X, a: X.sum(dim=0),
+        ),
+    ],
 )
 def one_token(X: Tensor, a: Tensor) -> Tensor:
     N, D = X.shape
@@ -53,7 +58,7 @@ def one_token(X: Tensor, a: Tensor) -> Tensor:
 
 def _score_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor]:
     N, M, spread = ((4, 6, 1.0), (7, 5, 3.0), (5, 5, 400.0))[trial % 3]
-    return (spread * _r(gen, N, M),)  # the last trial has scores in the hundreds
+    return (spread * randn(gen, N, M),)  # the last trial has scores in the hundreds
 
 
 @exercise(
@@ -64,17 +69,29 @@ def _score_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor]:
         "row sums to one. Scores can be large (hundreds), so the result must not overflow."
     ),
     make_inputs=_score_inputs,
-    mistakes={
-        "you normalised each column (over the queries, dim=0); each row n must sum to one over the "
-        "keys m (dim=-1).": lambda S: torch.softmax(S, dim=0),
-        "you divided the scores by their row sums without exponentiating them first: the rows "
-        "sum to one, but negative scores stay negative weights (and a row sum near zero blows "
-        "them up). Apply exp() before normalising.": lambda S: S / S.sum(dim=-1, keepdim=True),
-        "you divided by the sum over the whole matrix; each row n is normalised on its own (sum "
-        "over m only, keepdim=True).": lambda S: torch.exp(S) / torch.exp(S).sum(),
-        "you exponentiated the scores but did not divide by the row sums, so rows do not sum "
-        "to one.": lambda S: torch.exp(S),
-    },
+    mistakes=[
+        Mistake(
+            "you normalised each column (over the queries, dim=0); each row n must sum to one over the "
+            "keys m (dim=-1).",
+            lambda S: torch.softmax(S, dim=0),
+        ),
+        Mistake(
+            "you divided the scores by their row sums without exponentiating them first: the rows "
+            "sum to one, but negative scores stay negative weights (and a row sum near zero blows "
+            "them up). Apply exp() before normalising.",
+            lambda S: S / S.sum(dim=-1, keepdim=True),
+        ),
+        Mistake(
+            "you divided by the sum over the whole matrix; each row n is normalised on its own (sum "
+            "over m only, keepdim=True).",
+            lambda S: torch.exp(S) / torch.exp(S).sum(),
+        ),
+        Mistake(
+            "you exponentiated the scores but did not divide by the row sums, so rows do not sum "
+            "to one.",
+            lambda S: torch.exp(S),
+        ),
+    ],
     rows_sum_to_one=True,
 )
 def normalise_scores(S: Tensor) -> Tensor:
@@ -87,7 +104,7 @@ def normalise_scores(S: Tensor) -> Tensor:
 
 def _kernel_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
     K, N = ((3, 6), (5, 8), (4, 7))[trial % 3]  # an odd, a longer odd, and an even kernel
-    return _r(gen, K), N
+    return randn(gen, K), N
 
 
 def _toeplitz(kernel: Tensor, N: int, shift: int, flip: bool = False) -> Tensor:
@@ -119,19 +136,29 @@ def _circular(kernel: Tensor, N: int) -> Tensor:
         "where m - n + c is not in 0..K-1. Then A @ x is the convolution of x with the kernel."
     ),
     make_inputs=_kernel_inputs,
-    mistakes={
-        "your kernel is flipped: that is a convolution in the signal-processing sense, "
-        "A[n, m] = kernel[n - m + c]. F.conv1d (and Turner's A_{n',n} = A_{n'-n}) does not flip: "
-        "use kernel[m - n + c].": lambda k, N: _toeplitz(k, N, (k.numel() - 1) // 2, flip=True),
-        "the kernel is not centred: you used kernel[m - n], so output n only reads inputs "
-        "n..n+K-1. Shift by c = (K - 1) // 2: kernel[m - n + c].": lambda k, N: _toeplitz(k, N, 0),
-        "the kernel is centred on the wrong tap: for an even K, PyTorch's 'same' padding puts the "
-        "extra tap on the right, c = (K - 1) // 2, not K // 2.": lambda k, N: _toeplitz(
-            k, N, k.numel() // 2
+    mistakes=[
+        Mistake(
+            "your kernel is flipped: that is a convolution in the signal-processing sense, "
+            "A[n, m] = kernel[n - m + c]. F.conv1d (and Turner's A_{n',n} = A_{n'-n}) does not flip: "
+            "use kernel[m - n + c].",
+            lambda k, N: _toeplitz(k, N, (k.numel() - 1) // 2, flip=True),
         ),
-        "your matrix wraps around (circular padding); beyond the ends the sequence reads zeros, "
-        "so taps that fall off the sequence are dropped.": _circular,
-    },
+        Mistake(
+            "the kernel is not centred: you used kernel[m - n], so output n only reads inputs "
+            "n..n+K-1. Shift by c = (K - 1) // 2: kernel[m - n + c].",
+            lambda k, N: _toeplitz(k, N, 0),
+        ),
+        Mistake(
+            "the kernel is centred on the wrong tap: for an even K, PyTorch's 'same' padding puts the "
+            "extra tap on the right, c = (K - 1) // 2, not K // 2.",
+            lambda k, N: _toeplitz(k, N, k.numel() // 2),
+        ),
+        Mistake(
+            "your matrix wraps around (circular padding); beyond the ends the sequence reads zeros, "
+            "so taps that fall off the sequence are dropped.",
+            _circular,
+        ),
+    ],
 )
 def convolution_matrix(kernel: Tensor, N: int) -> Tensor:
     K = kernel.numel()
@@ -148,7 +175,7 @@ def convolution_matrix(kernel: Tensor, N: int) -> Tensor:
 def _matrix_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
     shapes = ((), (2,), (3,))[trial % 3]  # unbatched first, then batches of sequences
     N, D = ((5, 3), (6, 4), (4, 7))[trial % 3]
-    return _r(gen, *shapes, N, D), _weights(gen, *shapes, N, N)
+    return randn(gen, *shapes, N, D), _weights(gen, *shapes, N, N)
 
 
 @exercise(
@@ -159,14 +186,18 @@ def _matrix_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
         "y_n = sum_m A[n, m] x_m, for any number of leading batch dimensions."
     ),
     make_inputs=_matrix_inputs,
-    mistakes={
-        "you used the transpose of A (A^T X, or X^T A transposed back): that weights output n by "
-        "column n of A. In the row form row n of A holds output n's weights: Y = A @ X.": (
-            lambda X, A: A.transpose(-2, -1) @ X
+    mistakes=[
+        Mistake(
+            "you used the transpose of A (A^T X, or X^T A transposed back): that weights output n by "
+            "column n of A. In the row form row n of A holds output n's weights: Y = A @ X.",
+            lambda X, A: A.transpose(-2, -1) @ X,
         ),
-        "you returned X unchanged: the weights in A were never applied. Row n of the output is "
-        "sum_m A[n, m] x_m, the matrix product A @ X.": lambda X, A: X.clone(),
-    },
+        Mistake(
+            "you returned X unchanged: the weights in A were never applied. Row n of the output is "
+            "sum_m A[n, m] x_m, the matrix product A @ X.",
+            lambda X, A: X.clone(),
+        ),
+    ],
 )
 def matrix_form(X: Tensor, A: Tensor) -> Tensor:
     return A @ X  # (..., N, N) @ (..., N, D) -> (..., N, D); row n is sum_m A[n, m] x_m

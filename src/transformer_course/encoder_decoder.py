@@ -1,0 +1,355 @@
+"""Encoder-decoder transformers: cross-attention, the decoder block and stack, a seq2seq model, its recipe.
+
+Chapter: *Encoder-decoder* (Dramko 2025 sec. 5.1; Turner 2023 sec. 4.3; Vaswani et al. 2017). The encoder
+is a :class:`.block.TransformerStack` of pre-norm blocks; the decoder is a :class:`Decoder` of
+:class:`DecoderBlock`, whose cross-attention reads the encoder's output. The task the chapter trains on,
+human-written dates into ISO dates, is :class:`.data.DateTask`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .block import MLP, LayerNorm, PreNormBlock, TransformerStack
+from .data import DateTask
+from .language_models import KVCache, gpt2_init
+from .multihead import (
+    AttentionLayer,
+    SelfAttention,
+    _check_mask,
+    merge_heads,
+    multi_head_attention,
+    split_heads,
+)
+from .position import LearnedPositionalEmbedding
+from .runtime import eval_mode
+from .train import History, Recipe, TrainConfig, train
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = [
+    "DATES_RECIPE",
+    "CrossAttention",
+    "DatesRecipe",
+    "DatesRun",
+    "Decoder",
+    "DecoderBlock",
+    "Seq2Seq",
+    "Seq2SeqConfig",
+    "exact_match",
+    "train_dates",
+]
+
+MemoryKV = tuple[Tensor, Tensor]
+"""The keys and values of one cross-attention layer over the encoder's output, ``(B, H, M, d_k)`` each."""
+
+
+class CrossAttention(AttentionLayer):
+    r"""Multi-head cross-attention, book eq. ``eq-ed-cross``: queries from the decoder stream ``X``,
+    keys and values from the encoder's output (the *memory*).
+
+    .. math:: \mathrm{head}_h = \operatorname{softmax}_\text{row}\!\Big(\frac{X W_q^{(h)}
+              (H_\text{enc} W_k^{(h)})^\top}{\sqrt{d_k}}\Big) H_\text{enc} W_v^{(h)}
+
+    The memory's keys and values depend only on the source sequence, so :meth:`memory_kv` computes
+    them once and :meth:`forward` reuses them at every decoding step (book eq. ``eq-ed-static``).
+    The layer has no causal mask: every target position may read the whole source.
+    """
+
+    def memory_kv(self, memory: Tensor) -> MemoryKV:
+        """``memory (B, M, D) -> (K, V)``, each ``(B, H, M, d_k)``: once per source sequence."""
+        self._check_tokens(memory, "memory")
+        D = self.d_model
+        W, b = self.in_proj.weight[D:], None if self.in_proj.bias is None else self.in_proj.bias[D:]
+        K, V = F.linear(memory, W, b).split(D, dim=-1)  # (B, M, D) each
+        return split_heads(K, self.H), split_heads(V, self.H)
+
+    def forward(self, X: Tensor, memory_kv: MemoryKV, mask: Tensor | None = None) -> Tensor:
+        """``X (B, N, D)`` and :meth:`memory_kv` of the memory; ``mask`` bool ``(N, M)`` or
+        ``(B, N, M)``, ``True`` = may attend (e.g. to hide padded source tokens)."""
+        self._check_tokens(X)
+        K, V = memory_kv
+        if K.shape[0] != X.shape[0]:
+            raise ValueError(
+                f"X holds {X.shape[0]} sequences but the memory {K.shape[0]}; encode the same batch"
+            )
+        D = self.d_model
+        W, b = self.in_proj.weight[:D], None if self.in_proj.bias is None else self.in_proj.bias[:D]
+        Q = split_heads(F.linear(X, W, b), self.H)  # (B, H, N, d_k)
+        _check_mask(mask, X.shape[0], X.shape[1], K.shape[-2])
+        Y = multi_head_attention(Q, K, V, mask, dropout_p=self._dropout_p())  # (B, H, N, d_k)
+        return self.out_proj(merge_heads(Y))  # (B, N, D)
+
+
+class DecoderBlock(nn.Module):
+    r"""Pre-norm decoder block with cross-attention, book eq. ``eq-ed-decoder`` (Vaswani et al. 2017;
+    Dramko 2025 sec. 5.1):
+
+    .. math:: Z_1 = X + \mathrm{MHSA}_\text{causal}(\mathrm{LN}(X)),\quad
+              Z_2 = Z_1 + \mathrm{MHA}(\mathrm{LN}(Z_1), H_\text{enc}),\quad
+              Y = Z_2 + \mathrm{MLP}(\mathrm{LN}(Z_2))
+
+    In the cross-attention the queries come from the decoder stream ``LN(Z_1)`` and the keys and values
+    from the encoder's output ``H_enc``.
+    """
+
+    final_norm = True  # pre-norm: a stack of these ends with a LayerNorm
+
+    def __init__(
+        self,
+        d_model: int,
+        H: int,
+        d_ff: int | None = None,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(d_model, H, causal=True, dropout=dropout)
+        self.cross_attn = CrossAttention(d_model, H, dropout=dropout)
+        self.mlp = MLP(d_model, d_ff or 4 * d_model, activation, dropout)
+        self.norm1, self.norm2, self.norm3 = (LayerNorm(d_model, eps) for _ in range(3))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        X: Tensor,
+        memory_kv: MemoryKV,
+        memory_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        Z = X + self.drop(self.self_attn(self.norm1(X), cache=cache))  # (B, N, D)
+        Z = Z + self.drop(self.cross_attn(self.norm2(Z), memory_kv, memory_mask))
+        return Z + self.drop(self.mlp(self.norm3(Z)))  # (B, N, D)
+
+
+class Decoder(nn.Module):
+    """``M`` decoder blocks and a final LayerNorm, book eq. ``eq-ed-model``.
+
+    ``memory_kv(memory)`` gives every block's cross-attention keys and values (once per source);
+    ``forward(X (B, N, D), memory_kv, memory_mask, caches) -> (B, N, D)``.
+    """
+
+    def __init__(self, n_layers: int, d_model: int, H: int, **kwargs) -> None:
+        super().__init__()
+        if n_layers < 1:
+            raise ValueError(f"a decoder needs at least one block, got n_layers={n_layers}")
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, H, **kwargs) for _ in range(n_layers))
+        self.final_norm = LayerNorm(d_model, kwargs.get("eps", 1e-5))
+
+    def memory_kv(self, memory: Tensor) -> list[MemoryKV]:
+        return [block.cross_attn.memory_kv(memory) for block in self.blocks]
+
+    def forward(
+        self,
+        X: Tensor,
+        memory_kv: Sequence[MemoryKV],
+        memory_mask: Tensor | None = None,
+        caches: Sequence[KVCache] | None = None,
+    ) -> Tensor:
+        for m, block in enumerate(self.blocks):
+            X = block(X, memory_kv[m], memory_mask, None if caches is None else caches[m])
+        return self.final_norm(X)
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    """Sizes of an encoder-decoder. ``src_len``/``tgt_len`` are the longest source/target sequences."""
+
+    src_vocab: int
+    tgt_vocab: int
+    src_len: int
+    tgt_len: int
+    d_model: int = 128
+    H: int = 4
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 2
+    dropout: float = 0.0
+    pad_id: int = 0
+
+
+class Seq2Seq(nn.Module):
+    r"""An encoder-decoder transformer, book eq. ``eq-ed-model`` (Vaswani et al. 2017; Dramko 2025 sec. 5).
+
+    The encoder reads the whole source (padding hidden by a mask); the decoder reads the target so far
+    with causal self-attention and attends to the encoder's output through cross-attention; a linear
+    map projects into the target vocabulary.
+
+    ``forward(src (B, M), tgt_in (B, N), tgt_out (B, N) | None) -> (logits (B, N, V), loss | None)``;
+    the loss ignores padding positions of ``tgt_out``.
+    """
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.src_emb = nn.Embedding(c.src_vocab, c.d_model)
+        self.tgt_emb = nn.Embedding(c.tgt_vocab, c.d_model)
+        self.src_pos = LearnedPositionalEmbedding(c.src_len, c.d_model)
+        self.tgt_pos = LearnedPositionalEmbedding(c.tgt_len, c.d_model)
+        kw = {"activation": "gelu", "dropout": c.dropout}
+        self.encoder = TransformerStack(PreNormBlock, c.n_encoder_layers, c.d_model, c.H, **kw)
+        self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.H, **kw)
+        self.head = nn.Linear(c.d_model, c.tgt_vocab, bias=False)
+        self.apply(gpt2_init)
+
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        memory, keep = self.encode(src)  # (B, M, D), (B, M)
+        logits = self.decode(tgt_in, self.decoder.memory_kv(memory), keep)  # (B, N, V)
+        if tgt_out is None:
+            return logits, None
+        loss = F.cross_entropy(  # eq-ed-loss: padding positions do not count
+            logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=self.config.pad_id
+        )
+        return logits, loss
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder output ``(B, M, D)`` and the key mask ``(B, M)`` (``True`` = real token)."""
+        c = self.config
+        self._check(src, "src", c.src_len, c.src_vocab)
+        keep = src != c.pad_id  # (B, M)
+        mask = keep[:, None, :].expand(-1, src.shape[1], -1)  # (B, M, M): hide padded keys
+        return self.encoder(self.src_pos(self.src_emb(src)), mask), keep
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory_kv: Sequence[MemoryKV],
+        keep: Tensor,
+        caches: Sequence[KVCache] | None = None,
+    ) -> Tensor:
+        """Logits ``(B, N, V)`` for the target tokens ``tgt_in`` given the memory's keys and values."""
+        c = self.config
+        start = len(caches[0]) if caches else 0
+        self._check(tgt_in, "tgt_in", c.tgt_len - start, c.tgt_vocab)
+        X = self.tgt_pos(self.tgt_emb(tgt_in), start=start)  # (B, N, D)
+        memory_mask = keep[:, None, :].expand(-1, tgt_in.shape[1], -1)  # (B, N, M)
+        return self.head(self.decoder(X, memory_kv, memory_mask, caches))  # (B, N, V)
+
+    @torch.no_grad()
+    def greedy_decode(self, src: Tensor, bos: int, eos: int, use_cache: bool = True) -> Tensor:
+        """Greedy decoding, book eq. ``eq-ed-greedy``: ``(B, tgt_len)`` ids starting with ``bos``;
+        after ``eos`` only padding.
+
+        The encoder runs once and so do the cross-attention keys and values of its output; with
+        ``use_cache`` the decoder's self-attention keys and values are cached as well, so each step runs
+        only the newest token.
+        """
+        c = self.config
+        with eval_mode(self):
+            memory, keep = self.encode(src)
+            memory_kv = self.decoder.memory_kv(memory)  # once per source sequence
+            B = src.shape[0]
+            out = torch.full((B, c.tgt_len), c.pad_id, dtype=torch.long, device=src.device)
+            out[:, 0] = bos
+            done = torch.zeros(B, dtype=torch.bool, device=src.device)
+            caches = [KVCache(c.tgt_len) for _ in self.decoder.blocks] if use_cache else None
+            for t in range(1, c.tgt_len):
+                step_in = out[:, t - 1 : t] if use_cache else out[:, :t]
+                nxt = self.decode(step_in, memory_kv, keep, caches)[:, -1].argmax(dim=-1)  # (B,)
+                out[:, t] = torch.where(done, c.pad_id, nxt)
+                done |= nxt == eos
+                if done.all():
+                    break
+        return out
+
+    def _check(self, ids: Tensor, name: str, limit: int, vocab: int) -> None:
+        if ids.dim() != 2 or ids.dtype != torch.long:
+            raise ValueError(
+                f"{name} must be (B, length) token ids, got {ids.dtype} {tuple(ids.shape)}"
+            )
+        if ids.shape[1] > limit:
+            field = "src_len" if name == "src" else "tgt_len"
+            raise ValueError(
+                f"{name} has {ids.shape[1]} tokens but the model has room for at most {limit}; "
+                f"shorten it or build Seq2SeqConfig with a larger {field}"
+            )
+        if ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
+            raise ValueError(f"{name} ids must lie in [0, {vocab})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The recipe: human-written dates into ISO dates
+
+
+@dataclass(frozen=True)
+class DatesRecipe(Recipe):
+    """How to train a :class:`Seq2Seq` on :class:`.data.DateTask`: ``n_train`` random (date, format)
+    pairs; the test set holds inputs never seen in training."""
+
+    d_model: int = 64
+    H: int = 4
+    n_train: int = 50_000
+
+
+DATES_RECIPE = DatesRecipe(
+    train=TrainConfig(
+        max_steps=400, lr=3e-3, warmup_steps=40, weight_decay=0.01, eval_interval=200,
+        time_budget_s=60.0,
+    ),
+    batch_size=128,
+)  # fmt: skip
+"""The CPU target: exact match >= 0.99 on held-out dates within 60 s of training (``bench/seq2seq.py``)."""
+
+
+@dataclass
+class DatesRun:
+    """A trained date model, its task and training data."""
+
+    model: Seq2Seq
+    task: DateTask
+    history: History
+    train_pairs: list[tuple[str, str]]
+
+
+def train_dates(
+    recipe: DatesRecipe = DATES_RECIPE,
+    device: torch.device | str = "cpu",
+    steps: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> DatesRun:
+    """Train a :class:`Seq2Seq` on human-written dates with ``recipe`` (``steps`` shortens it).
+
+    The one training run of chapter 8, its lab and ``bench/seq2seq.py``. Training pairs are drawn with
+    seed 1 (:meth:`.data.DateTask.held_out` excludes their inputs from a test set).
+    """
+    recipe = recipe.with_steps(steps)
+    torch.manual_seed(seed)
+    task = DateTask()
+    pairs = task.sample(recipe.n_train, seed=1)
+    src, tgt = (t.to(device) for t in task.tensors(pairs))
+    config = Seq2SeqConfig(
+        task.vocab_size, task.vocab_size, task.src_len, task.tgt_len, recipe.d_model, recipe.H
+    )
+    model = Seq2Seq(config).to(device)
+    B = recipe.batch_size
+
+    def next_batch(g: torch.Generator) -> tuple[Tensor, Tensor]:
+        i = torch.randint(0, len(src), (B,), generator=g).to(device)
+        return src[i], tgt[i]
+
+    def loss_fn(m: Seq2Seq, batch: tuple[Tensor, Tensor]) -> Tensor:
+        s, t = batch
+        return m(s, t[:, :-1], t[:, 1:])[1]  # teacher forcing: predict t[1:] from t[:-1]
+
+    history = train(
+        model, next_batch, loss_fn, dataclasses.replace(recipe.train, seed=seed), progress=progress
+    )
+    return DatesRun(model, task, history, pairs)
+
+
+def exact_match(model: Seq2Seq, task: DateTask, pairs: Sequence[tuple[str, str]]) -> float:
+    """Fraction of ``(input, ISO date)`` pairs whose greedy, cached decoding equals the ISO date."""
+    device = next(model.parameters()).device
+    src, _ = (t.to(device) for t in task.tensors(list(pairs)))
+    out = model.greedy_decode(src, task.BOS, task.EOS)
+    return sum(task.decode(o) == iso for o, (_, iso) in zip(out, pairs, strict=True)) / len(pairs)

@@ -1,0 +1,474 @@
+"""Autoregressive language models: the key-value cache, a decoder-only GPT, generation, and its recipe.
+
+Chapter: *Autoregressive language models* (Turner 2023 sec. 4.1; MIT 6.390 sec. 9.1 and 9.5.2; Dramko
+2025 sec. 5.2-5.3; Pope et al. 2023 on the cache). Every part of :class:`GPT` is the course's own: token
+lookup (:mod:`.tokens`), learned positions (:mod:`.position`) and a stack of causal pre-norm blocks
+(:mod:`.block`) over :class:`.multihead.SelfAttention`.
+
+Generation follows one context policy with and without the cache, so a cached run reproduces an
+uncached run token for token:
+
+* while the sequence fits in the context (``T <= block_size``) the model sees all of it;
+* beyond that it sees the tokens from ``window_start(T, block_size)`` on: the window start jumps forward
+  in steps of ``block_size // 2``, so at most ``block_size`` tokens are visible and, with a cache, the
+  cache is rebuilt only once per jump (learned positions cannot slide one token at a time).
+
+A prompt longer than the context is therefore cropped to its last tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .block import PreNormBlock, TransformerStack
+from .data import get_batch, tinyshakespeare_text, train_val_split
+from .position import LearnedPositionalEmbedding
+from .runtime import eval_mode
+from .tokens import CharTokenizer
+from .train import History, Recipe, TrainConfig, train
+
+__all__ = [
+    "GPT",
+    "SHAKESPEARE_CPU",
+    "SHAKESPEARE_CPU_RECIPE",
+    "SHAKESPEARE_GPU",
+    "SHAKESPEARE_GPU_RECIPE",
+    "TINY",
+    "GPTConfig",
+    "KVCache",
+    "LMRecipe",
+    "LMRun",
+    "generate",
+    "generate_text",
+    "generate_with_logits",
+    "gpt2_init",
+    "next_token",
+    "positions_processed",
+    "train_char_lm",
+    "window_start",
+]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The key-value cache
+
+
+class KVCache:
+    r"""Keys and values of the tokens seen so far by one self-attention layer, book eq.
+    ``eq-lm-kv-append`` (Dramko 2025 sec. 5.3):
+
+    .. math:: K_{1:t} = \begin{bmatrix} K_{1:t-1} \\ K_t \end{bmatrix},\qquad
+              V_{1:t} = \begin{bmatrix} V_{1:t-1} \\ V_t \end{bmatrix}
+
+    The buffers, ``(B, H, capacity, d_k)`` each, are allocated at the first :meth:`update` and written in
+    place: appending a token copies only its own keys and values, never the earlier ones. For inference
+    (the buffers are overwritten, so gradients through them are not supported).
+
+    Args:
+        capacity: the most positions the cache can hold (a GPT's context, ``block_size``).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self.K: Tensor | None = None
+        self.V: Tensor | None = None
+        self.length = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def reset(self) -> None:
+        """Forget every position; the buffers are kept for the next sequence of the same shape."""
+        self.length = 0
+
+    def update(self, K_new: Tensor, V_new: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new tokens' ``K_new, V_new`` ``(B, H, n, d)`` after the cached ones; return all
+        keys and values so far, ``(B, H, length, d)`` views of the buffers."""
+        start, end = self.length, self.length + K_new.shape[-2]
+        if end > self.capacity:
+            raise ValueError(
+                f"the cache holds at most {self.capacity} positions but {end} were written; start a "
+                "new cache (or crop the sequence) when the context is full"
+            )
+        if self.K is None or self.K.shape[:2] != K_new.shape[:2] or self.K.dtype != K_new.dtype:
+            B, H, _, d_k = K_new.shape
+            self.K = K_new.new_empty(B, H, self.capacity, d_k)
+            self.V = V_new.new_empty(B, H, self.capacity, V_new.shape[-1])
+        self.K.narrow(2, start, end - start).copy_(K_new)  # K[:, :, start:end] = K_new, in place
+        self.V.narrow(2, start, end - start).copy_(V_new)
+        self.length = end
+        return self.K.narrow(2, 0, end), self.V.narrow(2, 0, end)  # K[:, :, :end], V[:, :, :end]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model
+
+
+def gpt2_init(module: nn.Module) -> None:
+    """GPT-2's initialisation of one module: N(0, 0.02) weights, zero biases (use ``model.apply``)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes of a GPT. ``block_size`` is the context length ``N``; ``n_layers`` is ``M``."""
+
+    vocab_size: int = 65
+    block_size: int = 256
+    n_layers: int = 6
+    H: int = 6
+    d_model: int = 384
+    dropout: float = 0.2
+    tie_weights: bool = True
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.H:
+            raise ValueError(f"d_model={self.d_model} must be divisible by H={self.H}")
+        if min(self.vocab_size, self.block_size, self.n_layers, self.H) < 1:
+            raise ValueError(f"every size must be positive: {self}")
+
+
+TINY = GPTConfig(vocab_size=65, block_size=32, n_layers=2, H=2, d_model=32, dropout=0.0)
+"""For tests and quick demonstrations."""
+SHAKESPEARE_CPU = GPTConfig(vocab_size=65, block_size=64, n_layers=2, H=4, d_model=128, dropout=0.0)
+"""Sized for a 2-core CPU and a two-minute budget: shallow and narrow, so that many tokens are seen
+(``bench/lm.py`` reports what it reaches; the performance page shows the figures)."""
+SHAKESPEARE_GPU = GPTConfig(
+    vocab_size=65, block_size=256, n_layers=6, H=6, d_model=384, dropout=0.2
+)
+"""nanoGPT's ``shakespeare_char`` size (Karpathy 2022): 6 layers, 6 heads, 384 wide, context 256."""
+
+
+class GPT(nn.Module):
+    r"""A decoder-only transformer language model, book eq. ``eq-lm-head``.
+
+    .. math:: X^{(0)} = E[\mathbf{t}] + R,\qquad X^{(M)} = \mathrm{stack}(X^{(0)}),
+
+              p(t_{n+1} \mid t_{\le n}) =
+              \operatorname{softmax}\big(\mathrm{LN}(X^{(M)}) W_\text{vocab}\big)_n
+
+    ``forward(idx (B, N), targets (B, N) | None, caches | None) -> (logits (B, N, V), loss | None)``.
+    The loss is the mean cross-entropy over all ``B * N`` positions (teacher forcing). With caches
+    (:meth:`new_caches`), ``idx`` holds only the new tokens and positions continue from the cache.
+    Token ids are checked against the vocabulary whenever a sequence starts; the tokens that continue
+    a cache are the model's own choices and are not checked again (a check costs two host
+    synchronisations per token on a GPU).
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_emb = LearnedPositionalEmbedding(c.block_size, c.d_model)
+        self.drop = nn.Dropout(c.dropout)
+        self.stack = TransformerStack(
+            PreNormBlock,
+            c.n_layers,
+            c.d_model,
+            c.H,
+            activation="gelu",
+            dropout=c.dropout,
+            causal=True,
+        )
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight  # W_vocab = E^T (Press & Wolf 2017)
+        self.apply(gpt2_init)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+            if name.endswith(("out_proj.weight", "fc2.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layers))
+
+    def num_params(self) -> int:
+        """Parameters, each counted once (a tied LM head is not counted twice)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def new_caches(self) -> list[KVCache]:
+        """One empty :class:`KVCache` per block, each as long as the context."""
+        return [KVCache(self.config.block_size) for _ in range(self.config.n_layers)]
+
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, caches: list[KVCache] | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        start = len(caches[0]) if caches else 0
+        self._check(idx, start)
+        X = self.drop(self.pos_emb(self.tok_emb(idx), start=start))  # (B, N, D)
+        X = self.stack(X, caches=caches)  # (B, N, D), final LayerNorm included
+        logits = self.lm_head(X)  # (B, N, V)
+        if targets is None:
+            return logits, None
+        if targets.shape != idx.shape:
+            raise ValueError(
+                f"targets {tuple(targets.shape)} must have the shape of idx {tuple(idx.shape)}"
+            )
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())  # eq-lm-loss
+        return logits, loss
+
+    def _check(self, idx: Tensor, start: int) -> None:
+        if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32):
+            raise ValueError(
+                f"idx must be integer token ids of shape (B, N), got {idx.dtype} {tuple(idx.shape)}"
+            )
+        if start + idx.shape[1] > self.config.block_size:
+            raise ValueError(
+                f"{start + idx.shape[1]} tokens exceed the context of {self.config.block_size}; crop "
+                "the input (tc.language_models.generate does this for you)"
+            )
+        if start == 0 and idx.numel() and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
+            raise ValueError(
+                f"token ids must lie in [0, {self.config.vocab_size}), got {idx.min()}..{idx.max()}"
+            )
+
+    def save(self, path: str | pathlib.Path, **extra) -> None:
+        """Save config, weights and any ``extra`` (e.g. the tokenizer's characters) to ``path``."""
+        torch.save(
+            {"config": dataclasses.asdict(self.config), "state_dict": self.state_dict(), **extra},
+            path,
+        )
+
+    @classmethod
+    def load(
+        cls, path: str | pathlib.Path, map_location: str | torch.device = "cpu"
+    ) -> tuple[GPT, dict]:
+        """Rebuild a model saved by :meth:`save`; returns ``(model, extra)``."""
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        model = cls(GPTConfig(**ckpt.pop("config")))
+        model.load_state_dict(ckpt.pop("state_dict"))
+        return model, ckpt
+
+
+# ---------------------------------------------------------------------------------------------------
+# Generation
+
+
+def window_start(T: int, block_size: int) -> int:
+    """First visible position of a length-``T`` sequence, book eq. ``eq-lm-window``: the smallest
+    multiple of ``block_size // 2`` that leaves at most ``block_size`` tokens in view."""
+    if T <= block_size:
+        return 0
+    jump = max(1, block_size // 2)
+    return -(-(T - block_size) // jump) * jump  # ceil((T - block_size) / jump) * jump
+
+
+def positions_processed(
+    prompt_len: int, max_new_tokens: int, block_size: int, use_cache: bool
+) -> int:
+    """How many token positions :func:`generate` pushes through the model, per sequence.
+
+    Uncached, every call runs the whole visible window; cached, one new token, except for a rebuild of
+    the window when :func:`window_start` jumps. The ratio of the two counts is the cache's saving in
+    the per-token matrix products (book chapter *Autoregressive language models*).
+    """
+    if prompt_len < 1 or max_new_tokens < 0:
+        raise ValueError(
+            f"need prompt_len >= 1 and max_new_tokens >= 0, got {prompt_len}, {max_new_tokens}"
+        )
+    s = window_start(prompt_len, block_size)
+    total = prompt_len - s  # the prompt's forward pass
+    for T in range(prompt_len + 1, prompt_len + max_new_tokens):  # no call after the last token
+        s_new = window_start(T, block_size)
+        total += 1 if use_cache and s_new == s else T - s_new
+        s = s_new
+    return total
+
+
+def next_token(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    r"""Choose the next token from ``logits`` ``(B, V)``; returns ``(B, 1)``, book eqs.
+    ``eq-lm-temperature`` and ``eq-lm-topk``.
+
+    Greedy takes the arg-max. Otherwise it samples from :math:`\operatorname{softmax}(z / \tau)`, keeping
+    only the ``top_k`` largest logits when ``top_k`` is given (Holtzman et al. 2020 discuss why
+    truncation helps). Sampling draws on the CPU from ``generator``, so a seed gives the same text on
+    every device.
+    """
+    if greedy:
+        return logits.argmax(dim=-1, keepdim=True)
+    if temperature <= 0:
+        raise ValueError(
+            f"temperature must be > 0 (use greedy=True for arg-max), got {temperature}"
+        )
+    z = logits.float() / temperature
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
+        z = z.masked_fill(z < kth, float("-inf"))
+    probs = torch.softmax(z, dim=-1)
+    sample = torch.multinomial(probs.cpu(), 1, generator=generator)  # CPU: one generator everywhere
+    return sample.to(logits.device)
+
+
+def generate_with_logits(
+    model: GPT,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    greedy: bool = False,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Extend ``idx`` ``(B, T)`` by ``max_new_tokens`` tokens; returns the ids ``(B, T + new)`` and the
+    logits each new token was chosen from, ``(B, new, V)``.
+
+    With ``use_cache`` each step runs only the newest token through the model (book eq.
+    ``eq-lm-kv-step``); without it, the whole visible window. Both follow the module's window policy,
+    so they choose the same tokens.
+    """
+    if idx.dim() != 2 or idx.shape[1] == 0:
+        raise ValueError(
+            f"idx must be (B, T) with at least one token, got shape {tuple(idx.shape)}"
+        )
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    B, T0, C, V = idx.shape[0], idx.shape[1], model.config.block_size, model.config.vocab_size
+    out = idx.new_empty(B, T0 + max_new_tokens)  # every id, the prompt's and the new ones
+    out[:, :T0] = idx
+    chosen = torch.empty(B, max_new_tokens, V, device=idx.device)  # the logits behind each choice
+    # inference mode: no autograd bookkeeping at all (the outputs above are ordinary tensors)
+    with eval_mode(model), torch.inference_mode():
+        caches = model.new_caches() if use_cache else None
+        s = window_start(T0, C)
+        logits = model(idx[:, s:], caches=caches)[0][:, -1] if max_new_tokens else None
+        for T in range(T0, T0 + max_new_tokens):
+            chosen[:, T - T0] = logits
+            out[:, T : T + 1] = next_token(logits, temperature, top_k, greedy, generator)
+            if T + 1 == T0 + max_new_tokens:
+                break  # the last token is chosen: no need to run the model on it
+            s_new = window_start(T + 1, C)
+            if use_cache and s_new == s:
+                logits = model(out[:, T : T + 1], caches=caches)[0][:, -1]  # the newest token only
+                continue
+            s = s_new
+            if use_cache:
+                for cache in caches:  # the window moved: rebuild the cache from the visible tokens
+                    cache.reset()
+            logits = model(out[:, s : T + 1], caches=caches)[0][:, -1]  # (B, V)
+    return out, chosen
+
+
+def generate(model: GPT, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+    """Extend ``idx`` ``(B, T)`` by ``max_new_tokens`` tokens; returns ``(B, T + max_new_tokens)``.
+
+    Keyword arguments as :func:`generate_with_logits` (``temperature``, ``top_k``, ``greedy``,
+    ``use_cache``, ``generator``).
+    """
+    return generate_with_logits(model, idx, max_new_tokens, **kwargs)[0]
+
+
+def generate_text(
+    model: GPT, tokenizer: CharTokenizer, prompt: str, max_new_tokens: int, **kwargs
+) -> str:
+    """Encode ``prompt`` (unknown characters raise a ``ValueError`` listing them), generate, decode."""
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one character, e.g. '\\n'")
+    device = next(model.parameters()).device
+    idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)
+    out = generate(model, idx, max_new_tokens, **kwargs)
+    return tokenizer.decode(out[0].tolist())
+
+
+# ---------------------------------------------------------------------------------------------------
+# The recipe: a character-level GPT on tiny-shakespeare
+
+
+@dataclass(frozen=True)
+class LMRecipe(Recipe):
+    """How to train a character GPT on tiny-shakespeare (the first 90 % of the text; the validation
+    loss is the mean over ``eval_batches`` fixed windows of the last 10 %)."""
+
+    model: GPTConfig = SHAKESPEARE_CPU
+    eval_batches: int = 40
+
+
+SHAKESPEARE_CPU_RECIPE = LMRecipe(
+    model=SHAKESPEARE_CPU,
+    train=TrainConfig(
+        max_steps=1600, lr=5e-3, warmup_steps=100, weight_decay=0.1, eval_interval=400,
+        time_budget_s=120.0,
+    ),
+    batch_size=48,
+)  # fmt: skip
+"""The CPU target: validation loss <= 1.70 within 120 s of training on 2 cores (``bench/lm.py``)."""
+SHAKESPEARE_GPU_RECIPE = LMRecipe(
+    model=SHAKESPEARE_GPU,
+    train=TrainConfig(
+        max_steps=3000, lr=2e-3, warmup_steps=100, weight_decay=0.1, eval_interval=500,
+        time_budget_s=60.0,
+    ),
+    batch_size=64,
+)  # fmt: skip
+"""The GPU target: validation loss <= 1.47 within 60 s of training on an H100 (nanoGPT's size)."""
+
+
+@dataclass
+class LMRun:
+    """A trained character GPT and what it was trained on."""
+
+    model: GPT
+    tokenizer: CharTokenizer
+    history: History
+    train_ids: Tensor
+    val_ids: Tensor
+
+    @property
+    def val_loss(self) -> float:
+        """The validation loss at the end of training."""
+        return self.history.evals["val_loss"][-1]
+
+
+def train_char_lm(
+    recipe: LMRecipe = SHAKESPEARE_CPU_RECIPE,
+    device: torch.device | str = "cpu",
+    steps: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> LMRun:
+    """Train a character GPT on tiny-shakespeare with ``recipe`` (``steps`` shortens it).
+
+    The one training run of chapter 7, its lab and ``bench/lm.py``: the tokenizer is built from the
+    whole text, the model is seeded with ``seed``, batches are random windows of the training part.
+    """
+    recipe = recipe.with_steps(steps)
+    torch.manual_seed(seed)
+    text = tinyshakespeare_text()
+    tok = CharTokenizer.from_text(text)
+    train_ids, val_ids = train_val_split(tok.encode_tensor(text))
+    model = GPT(dataclasses.replace(recipe.model, vocab_size=tok.vocab_size)).to(device)
+    C, B = model.config.block_size, recipe.batch_size
+    held_out = torch.Generator().manual_seed(1234)
+    val_batches = [get_batch(val_ids, C, B, held_out, device) for _ in range(recipe.eval_batches)]
+
+    def loss_fn(m: GPT, batch: tuple[Tensor, Tensor]) -> Tensor:
+        return m(*batch)[1]
+
+    def evaluate(m: GPT) -> dict[str, float]:
+        return {"val_loss": sum(loss_fn(m, b).item() for b in val_batches) / len(val_batches)}
+
+    train_cfg = dataclasses.replace(recipe.train, seed=seed)
+    history = train(
+        model,
+        lambda g: get_batch(train_ids, C, B, g, device),
+        loss_fn,
+        train_cfg,
+        evaluate,
+        progress=progress,
+    )
+    return LMRun(model, tok, history, train_ids, val_ids)

@@ -1,0 +1,250 @@
+"""Chapter *Encoder-decoder*: cross-attention, the decoder, masking and padding, cached decoding, the
+recipe, the exercises."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_course as tc
+from transformer_course.data import DateTask
+from transformer_course.encoder_decoder import (
+    DATES_RECIPE,
+    CrossAttention,
+    Seq2Seq,
+    Seq2SeqConfig,
+    exact_match,
+    train_dates,
+)
+from transformer_course.exercises import encoder_decoder as ee
+from transformer_course.multihead import SelfAttention, multi_head_attention_reference
+from transformer_course.train import TrainConfig, train
+
+# ----------------------------------------------------------------------------------------------
+# The model
+
+TASK = DateTask()
+
+
+def small_seq2seq(seed=0):
+    torch.manual_seed(seed)
+    cfg = Seq2SeqConfig(
+        TASK.vocab_size, TASK.vocab_size, TASK.src_len, TASK.tgt_len, d_model=32, H=2
+    )
+    return Seq2Seq(cfg).eval()
+
+
+def test_decoder_cannot_see_the_future():
+    model = small_seq2seq()
+    src, tgt = TASK.tensors(TASK.sample(3, seed=1))
+    with torch.no_grad():
+        logits = model(src, tgt[:, :-1])[0]
+        changed = tgt[:, :-1].clone()
+        changed[:, 6:] = 5
+        other = model(src, changed)[0]
+    torch.testing.assert_close(other[:, :6], logits[:, :6])
+    assert not torch.allclose(other[:, 6:], logits[:, 6:])
+
+
+def test_padding_in_the_source_is_invisible():
+    model = small_seq2seq()
+    src, tgt = TASK.tensors(TASK.sample(4, seed=2))
+    noisy = src.clone()
+    noisy[src == TASK.PAD] = (
+        7  # change only padded positions ... then tell the model they are padding
+    )
+    with torch.no_grad():
+        memory, keep = model.encode(src)
+        a = model.decode(tgt[:, :-1], model.decoder.memory_kv(memory), keep)
+        memory2, _ = model.encode(noisy)  # its own mask would now treat 7 as a token
+    assert not torch.equal(keep, noisy != TASK.PAD)
+    # with the original key mask, encoder outputs at real positions ignore the padded keys entirely
+    with torch.no_grad():
+        mask = keep[:, None, :].expand(-1, src.shape[1], -1)
+        H = model.encoder(model.src_pos(model.src_emb(noisy)), mask)
+        b = model.decode(tgt[:, :-1], model.decoder.memory_kv(H), keep)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert memory2.shape == memory.shape
+
+
+def test_cached_decoding_equals_uncached():
+    model = small_seq2seq(3)
+    src, _ = TASK.tensors(TASK.sample(5, seed=3))
+    a = model.greedy_decode(src, TASK.BOS, TASK.EOS, use_cache=True)
+    b = model.greedy_decode(src, TASK.BOS, TASK.EOS, use_cache=False)
+    assert torch.equal(a, b) and a.shape == (5, TASK.tgt_len)
+
+
+def test_seq2seq_learns_and_rejects_long_input():
+    model = small_seq2seq(4).train()
+    src, tgt = TASK.tensors(TASK.sample(512, seed=4))
+
+    def batch(g):
+        i = torch.randint(0, 512, (64,), generator=g)
+        return src[i], tgt[i]
+
+    def loss_fn(m, b):
+        return m(b[0], b[1][:, :-1], b[1][:, 1:])[1]
+
+    before = loss_fn(model, (src[:128], tgt[:128])).item()
+    train(model, batch, loss_fn, TrainConfig(max_steps=40, lr=3e-3, warmup_steps=5), progress=False)
+    after = loss_fn(model.eval(), (src[:128], tgt[:128])).item()
+    assert after < before - 1.0, (before, after)
+    with pytest.raises(ValueError, match="at most 30"):
+        model.encode(torch.ones(1, 31, dtype=torch.long))
+
+
+def test_cross_attention_equals_torch_with_another_sequence_as_keys_and_values():
+    g = torch.Generator().manual_seed(5)
+    B, N, M, D, H = 2, 4, 7, 12, 3
+    X = torch.randn(B, N, D, generator=g, dtype=torch.float64)
+    memory = torch.randn(B, M, D, generator=g, dtype=torch.float64)
+    keep = torch.rand(B, M, generator=g) > 0.3
+    keep[:, 0] = True
+    torch_mha = torch.nn.MultiheadAttention(D, H, batch_first=True).double()
+    cross = CrossAttention(D, H).double().load_from_torch(torch_mha)
+    mask = keep[:, None, :].expand(-1, N, -1)
+    with torch.no_grad():
+        ours = cross(X, cross.memory_kv(memory), mask)
+        theirs = torch_mha(X, memory, memory, key_padding_mask=~keep, need_weights=False)[0]
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=0)
+    W = cross.weights  # and the concat-form reference with Z = memory (biases set to zero)
+    for p in (cross.in_proj.bias, cross.out_proj.bias):
+        torch.nn.init.zeros_(p)
+    ref = multi_head_attention_reference(X, *W.values(), H, mask=mask, Z=memory)
+    with torch.no_grad():
+        torch.testing.assert_close(cross(X, cross.memory_kv(memory), mask), ref, atol=1e-12, rtol=0)
+
+
+def test_causal_cross_attention_cannot_be_built_or_called():
+    """The old layer ran causal *cross*-attention silently when N == M; now no call can ask for it."""
+    with pytest.raises(TypeError, match="causal"):
+        CrossAttention(8, 2, causal=True)
+    cross = CrossAttention(8, 2)
+    X = torch.randn(1, 5, 8)
+    kv = cross.memory_kv(torch.randn(1, 5, 8))  # N == M, the case that used to go wrong silently
+    with pytest.raises(TypeError, match="causal"):
+        cross(X, kv, causal=True)
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+        SelfAttention(8, 2, causal=True)(X, torch.randn(1, 5, 8))  # a second sequence is no mask
+
+
+def test_memory_keys_and_values_are_computed_once_per_source():
+    model = small_seq2seq(6)
+    src, _ = TASK.tensors(TASK.sample(3, seed=6))
+    calls = []
+    for block in model.decoder.blocks:
+        block.cross_attn.memory_kv = (lambda f: lambda m: calls.append(1) or f(m))(
+            block.cross_attn.memory_kv
+        )
+    out = model.greedy_decode(src, TASK.BOS, TASK.EOS)
+    assert (out[:, 1:] != TASK.PAD).sum() > len(src)  # several decoding steps ran
+    assert len(calls) == len(model.decoder.blocks)  # once per block, not once per step
+
+
+def test_the_recipe_learns_dates():
+    run = train_dates(DATES_RECIPE, steps=60)
+    assert run.history.steps_done == 60 and run.history.train_loss[-1] < 1.5
+    pairs = run.task.held_out(50, exclude=run.train_pairs)
+    assert 0.0 <= exact_match(run.model, run.task, pairs) <= 1.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercises
+
+NAMES = [
+    "encoder_decoder.shift_targets",
+    "encoder_decoder.key_padding_mask",
+    "encoder_decoder.cross_attention",
+    "encoder_decoder.causal_padding_mask",
+]
+
+
+def test_all_exercises_are_registered():
+    assert tc.exercises.list_exercises("encoder_decoder.") == sorted(NAMES)
+
+
+@pytest.mark.parametrize(
+    "name", ["encoder_decoder.key_padding_mask", "encoder_decoder.causal_padding_mask"]
+)
+def test_masks_are_accepted_as_bool_and_unknown_wrong_masks_are_explained(name):
+    ex = tc.exercises._get(name)
+    bool_solution = ex.solution.__wrapped__
+    args = ex.make_inputs(torch.Generator().manual_seed(0), 0)
+    assert bool_solution(*args).dtype == torch.bool
+    assert tc.exercises.check(name, bool_solution)
+    assert tc.exercises.check(name, lambda *a: bool_solution(*a).long())  # 0/1 integers are fine
+
+    def all_true(tokens, pad_id):  # wrong in a way no listed mistake describes
+        B, N = tokens.shape
+        return torch.ones(B, N, N, dtype=torch.bool)
+
+    feedback = tc.exercises.check(name, all_true)
+    assert feedback.status == "incorrect" and "values differ" in feedback.message
+
+
+def test_solution_prints_the_bool_function():
+    text = tc.exercises.solution("encoder_decoder.key_padding_mask")
+    assert text.startswith("def key_padding_mask") and "expand" in text
+    assert "as_float" not in text
+
+
+def test_shift_matches_the_date_task_slices():
+    task = DateTask()
+    _, tgt = task.tensors(task.sample(6, seed=0))  # (B, tgt_len) = [BOS, y, EOS]
+    y = tgt[:, 1:]
+    tgt_in, tgt_out = ee.shift_targets(y, task.BOS)
+    assert torch.equal(tgt_in, tgt[:, :-1]) and torch.equal(tgt_out, tgt[:, 1:])
+
+
+def test_key_padding_mask_is_the_mask_the_encoder_uses():
+    task = DateTask()
+    src, _ = task.tensors(task.sample(5, seed=1))
+    torch.manual_seed(0)
+    model = Seq2Seq(
+        Seq2SeqConfig(task.vocab_size, task.vocab_size, task.src_len, task.tgt_len, d_model=16, H=2)
+    ).eval()
+    mask = ee.key_padding_mask.__wrapped__(src, task.PAD)
+    _, keep = model.encode(src)
+    assert torch.equal(mask, keep[:, None, :].expand_as(mask))
+    with torch.no_grad():  # the first encoder block, run with the exercise's mask
+        H0 = model.src_pos(model.src_emb(src))
+        torch.testing.assert_close(
+            model.encoder.blocks[0](H0, mask),
+            model.encoder.blocks[0](H0, keep[:, None, :].expand(-1, src.shape[1], -1)),
+        )
+
+
+def test_cross_attention_solution_equals_the_package_module():
+    g = torch.Generator().manual_seed(3)
+    B, N, M, D, H = 2, 5, 7, 8, 2
+    X = torch.randn(B, N, D, generator=g, dtype=torch.float64)
+    memory = torch.randn(B, M, D, generator=g, dtype=torch.float64)
+    cross = CrossAttention(D, H, bias=False).double()
+    W = cross.weights
+    ours = ee.cross_attention(X, memory, W["W_q"], W["W_k"], W["W_v"], W["W_o"], H)
+    with torch.no_grad():
+        torch.testing.assert_close(ours, cross(X, cross.memory_kv(memory)), atol=1e-12, rtol=0)
+        ref = multi_head_attention_reference(X, W["W_q"], W["W_k"], W["W_v"], W["W_o"], H, Z=memory)
+    torch.testing.assert_close(ours, ref, atol=1e-12, rtol=0)
+
+
+def test_causal_padding_mask_is_what_multihead_attention_combines():
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 0, 0]])
+    mask = ee.causal_padding_mask.__wrapped__(tokens, 0)
+    expected = torch.tensor(
+        [
+            [[0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]],
+            [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0]],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(mask, expected)
+    causal = SelfAttention(8, 2, causal=True).double().eval()
+    plain = SelfAttention(8, 2).double().eval()
+    plain.load_state_dict(causal.state_dict())
+    X = torch.randn(2, 5, 8, generator=g, dtype=torch.float64)
+    key_mask = (tokens != 0)[:, None, :].expand(-1, 5, -1)
+    with torch.no_grad():  # a causal layer combines a key mask with the causal mask by &
+        torch.testing.assert_close(plain(X, mask), causal(X, key_mask))

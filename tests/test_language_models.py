@@ -1,0 +1,315 @@
+"""Chapter *Autoregressive language models*: the GPT (loss at initialisation, causality, the
+incremental property, masks, checkpoints), the key-value cache, generation, the recipe, the exercises."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import transformer_course as tc
+from transformer_course.exercises import language_models as el
+from transformer_course.language_models import (
+    GPT,
+    SHAKESPEARE_CPU_RECIPE,
+    TINY,
+    GPTConfig,
+    KVCache,
+    generate,
+    generate_text,
+    generate_with_logits,
+    next_token,
+    positions_processed,
+    train_char_lm,
+    window_start,
+)
+from transformer_course.notation import turner_attention
+from transformer_course.self_attention import attention_weights, causal_mask
+from transformer_course.tokens import CharTokenizer
+
+# ----------------------------------------------------------------------------------------------
+# The model
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return GPT(TINY).eval()
+
+
+def test_untrained_loss_is_log_vocab(model):
+    g = torch.Generator().manual_seed(1)
+    idx, targets = torch.randint(0, 65, (2, 16, 32), generator=g)
+    _, loss = model(idx, targets)
+    assert abs(loss.item() - math.log(65)) < 0.05
+
+
+def test_incremental_property(model):
+    """Appending a token leaves the outputs at earlier positions unchanged (causality)."""
+    idx = torch.randint(0, 65, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        short = model(idx[:, :8])[0]
+        long = model(idx)[0]
+        changed = idx.clone()
+        changed[:, 8:] = (changed[:, 8:] + 1) % 65
+        other = model(changed)[0]
+    torch.testing.assert_close(long[:, :8], short, atol=1e-5, rtol=0)
+    torch.testing.assert_close(other[:, :8], long[:, :8], atol=1e-5, rtol=0)
+    assert not torch.allclose(other[:, 8:], long[:, 8:])
+
+
+def test_turner_and_mit_causal_masks_are_the_same_mask():
+    """Turner: A[n', n] upper-triangular, columns normalised. MIT: -inf above the diagonal of row scores."""
+    torch.manual_seed(3)
+    N, D, K = 6, 5, 3
+    X = torch.randn(N, D, dtype=torch.float64)
+    W_q, W_k = torch.randn(D, K, dtype=torch.float64), torch.randn(D, K, dtype=torch.float64)
+    # MIT: S + M with M[n, m] = -inf for m > n, softmax over each row
+    S = (X @ W_q) @ (X @ W_k).T / math.sqrt(K)
+    M = torch.zeros(N, N, dtype=torch.float64).masked_fill(~causal_mask(N), float("-inf"))
+    A_mit = torch.softmax(S + M, dim=-1)
+    # Turner: column n may use rows n' <= n, i.e. keep the upper triangle of A[n', n]
+    A_cols = turner_attention(X.T, W_q.T, W_k.T)
+    logits_cols = torch.log(A_cols)  # undo the softmax up to a per-column constant
+    upper = torch.ones(N, N, dtype=torch.bool).triu()
+    A_turner = torch.softmax(logits_cols.masked_fill(~upper, float("-inf")), dim=0)
+    torch.testing.assert_close(A_turner.T, A_mit, atol=1e-12, rtol=0)
+    assert torch.equal(upper.T, causal_mask(N))  # the same mask, transposed
+    torch.testing.assert_close(attention_weights(X @ W_q, X @ W_k, causal_mask(N)), A_mit)
+
+
+def test_errors_are_explained(model):
+    with pytest.raises(ValueError, match="exceed the context of 32"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 65\)"):
+        model(torch.full((1, 3), 70))
+    with pytest.raises(ValueError, match=r"integer token ids of shape \(B, N\)"):
+        model(torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="divisible by H"):
+        GPTConfig(d_model=10, H=3)
+
+
+def test_tied_weights_and_parameter_count():
+    m = GPT(TINY)
+    assert m.lm_head.weight is m.tok_emb.weight
+    D, V, L, N = TINY.d_model, TINY.vocab_size, TINY.n_layers, TINY.block_size
+    per_block = 4 * D * D + 4 * D + 2 * 4 * D * D + 4 * D + D + 4 * D  # attention + MLP + 2 norms
+    assert m.num_params() == V * D + N * D + L * per_block + 2 * D
+
+
+def test_checkpoint_round_trip(model, tmp_path):
+    path = tmp_path / "gpt.pt"
+    model.save(path, chars="abc")
+    loaded, extra = GPT.load(path)
+    assert extra == {"chars": "abc"} and loaded.config == model.config
+    idx = torch.randint(0, 65, (1, 10))
+    torch.testing.assert_close(loaded.eval()(idx)[0], model(idx)[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# The key-value cache and generation
+
+
+def test_cache_writes_in_place_into_preallocated_buffers():
+    cache = KVCache(capacity=5)
+    K1, V1 = torch.randn(2, 3, 2, 4), torch.randn(2, 3, 2, 6)
+    K, V = cache.update(K1, V1)
+    buffer = cache.K.data_ptr()
+    assert cache.K.shape == (2, 3, 5, 4) and cache.V.shape == (2, 3, 5, 6) and len(cache) == 2
+    K2, V2 = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 6)
+    K, V = cache.update(K2, V2)
+    assert cache.K.data_ptr() == buffer  # no new allocation, no concatenation
+    assert torch.equal(K, torch.cat([K1, K2], dim=2)) and torch.equal(V, torch.cat([V1, V2], dim=2))
+    assert K.data_ptr() == buffer  # a view of the buffer
+    with pytest.raises(ValueError, match="at most 5 positions but 7"):
+        cache.update(torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 6))
+    cache.reset()
+    assert len(cache) == 0 and torch.equal(cache.update(K2, V2)[0], K2)
+    with pytest.raises(ValueError, match="capacity"):
+        KVCache(0)
+
+
+def test_cached_step_equals_the_full_forward(model):
+    idx = torch.randint(0, 65, (2, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model(idx)[0]
+        caches = model.new_caches()
+        first = model(idx[:, :12], caches=caches)[0]
+        steps = [model(idx[:, n : n + 1], caches=caches)[0] for n in range(12, 20)]
+    torch.testing.assert_close(torch.cat([first, *steps], dim=1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("prompt_len", [1, 5, 40])
+def test_cached_equals_uncached_beyond_the_context(model, prompt_len):
+    idx = torch.randint(0, 65, (2, prompt_len), generator=torch.Generator().manual_seed(1))
+    a, la = generate_with_logits(model, idx, 70, greedy=True, use_cache=True)
+    b, lb = generate_with_logits(model, idx, 70, greedy=True, use_cache=False)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(la, lb, atol=1e-4, rtol=0)
+    assert a.shape == (2, prompt_len + 70)
+
+
+def test_sampling_with_the_same_seed_is_reproducible_and_cache_independent(model):
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    runs = [
+        generate(
+            model,
+            idx,
+            40,
+            temperature=0.8,
+            top_k=5,
+            use_cache=c,
+            generator=torch.Generator().manual_seed(7),
+        )
+        for c in (True, False, True)
+    ]
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+def test_window_policy():
+    assert [window_start(T, 8) for T in (1, 8, 9, 12, 13, 16, 17)] == [0, 0, 4, 4, 8, 8, 12]
+    for T in range(1, 60):
+        assert 0 < T - window_start(T, 8) <= 8
+
+
+def test_next_token_rules():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    assert next_token(logits, greedy=True).item() == 1
+    g = torch.Generator().manual_seed(0)
+    draws = {next_token(logits, top_k=2, generator=g).item() for _ in range(200)}
+    assert draws == {1, 3}  # only the two largest logits survive top-k
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        next_token(logits, temperature=0.0)
+
+
+def test_prompts_with_unknown_characters_are_listed(model):
+    tok = CharTokenizer.from_text("abcdefgh ")
+    with pytest.raises(ValueError, match=r"'z', 'Q'"):
+        generate_text(model, tok, "abz Q", 5)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        generate_text(model, tok, "", 5)
+
+
+@pytest.mark.parametrize(
+    "prompt_len,new,use_cache", [(1, 150, True), (1, 150, False), (40, 70, True), (5, 1, False)]
+)
+def test_positions_processed_counts_what_generate_runs(prompt_len, new, use_cache):
+    model = GPT(TINY).eval()  # context 32: the window jumps several times
+    seen = []
+    hook = model.tok_emb.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[1]))
+    idx = torch.zeros(1, prompt_len, dtype=torch.long)
+    generate(model, idx, new, greedy=True, use_cache=use_cache)
+    hook.remove()
+    assert sum(seen) == positions_processed(prompt_len, new, TINY.block_size, use_cache)
+    assert len(seen) == new  # one call per new token: the last token is never fed back
+    with pytest.raises(ValueError, match="prompt_len"):
+        positions_processed(0, 3, 8, True)
+
+
+def test_zero_new_tokens_returns_the_prompt_and_negative_is_an_error():
+    model = GPT(TINY).eval()
+    idx = torch.zeros(2, 3, dtype=torch.long)
+    out, logits = generate_with_logits(model, idx, 0, greedy=True)
+    assert torch.equal(out, idx) and logits.shape == (2, 0, TINY.vocab_size)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, idx, -1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The recipe
+
+
+def test_the_recipe_trains_a_model_that_beats_the_uniform_guess():
+    try:
+        tc.data.tinyshakespeare_path(download=False)
+    except FileNotFoundError:
+        pytest.skip("no local copy of tiny-shakespeare (set TRANSFORMER_COURSE_DATA)")
+    recipe = SHAKESPEARE_CPU_RECIPE.with_steps(30)
+    run = train_char_lm(dataclasses.replace(recipe, eval_batches=2), steps=30)
+    assert run.history.steps_done == 30 and run.model.config.vocab_size == 65
+    assert run.val_loss < math.log(65) - 0.5, run.history.evals
+    assert run.history.evals["val_loss"] == [run.val_loss]  # eval_interval 400: only at the end
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercises
+
+NAMES = [
+    "language_models.mit_causal_weights",
+    "language_models.turner_causal_weights",
+    "language_models.temperature_probs",
+    "language_models.top_k_probs",
+    "language_models.teacher_forcing_loss",
+]
+
+
+def test_all_exercises_are_registered():
+    assert tc.exercises.list_exercises("language_models.") == sorted(NAMES)
+
+
+def test_causal_solutions_match_the_package_and_are_transposes():
+    g = torch.Generator().manual_seed(0)
+    N, d_k = 6, 3
+    Q = torch.randn(N, d_k, generator=g, dtype=torch.float64)
+    K = torch.randn(N, d_k, generator=g, dtype=torch.float64)
+    S = Q @ K.T / math.sqrt(d_k)
+    A = el.mit_causal_weights(S[None])[0]
+    torch.testing.assert_close(A, attention_weights(Q, K, causal_mask(N)), atol=1e-12, rtol=0)
+    A_cols = el.turner_causal_weights(S.T.contiguous())
+    torch.testing.assert_close(A_cols, A.T, atol=1e-12, rtol=0)
+    assert torch.equal(A_cols == 0, ~torch.ones(N, N, dtype=torch.bool).triu())
+
+
+def test_large_negative_mask_is_accepted():
+    """A finite mask value such as -1e9 is not a mistake: exp(-1e9) underflows to exactly 0."""
+
+    def finite_mask(S):
+        N = S.shape[-1]
+        M = torch.zeros(N, N, dtype=S.dtype).masked_fill(~causal_mask(N), -1e9)
+        return torch.softmax(S + M, dim=-1)
+
+    assert tc.exercises.check("language_models.mit_causal_weights", finite_mask)
+
+
+def test_filtering_probabilities_and_renormalising_is_accepted():
+    def filter_probs(z, k):
+        p = torch.softmax(z, dim=-1)
+        kth = torch.topk(p, k, dim=-1).values[..., -1:]
+        p = p * (p >= kth)
+        return p / p.sum(dim=-1, keepdim=True)
+
+    assert tc.exercises.check("language_models.top_k_probs", filter_probs)
+
+
+def test_powered_probabilities_are_the_temperature_softmax():
+    def powered(z, tau):
+        p = torch.softmax(z, dim=-1) ** (1 / tau)
+        return p / p.sum(dim=-1, keepdim=True)
+
+    assert tc.exercises.check("language_models.temperature_probs", powered)
+
+
+def test_sampling_solutions_match_next_token_frequencies():
+    """The distributions the exercises ask for are the ones tc.language_models.next_token samples from."""
+    z = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]], dtype=torch.float64)
+    reps = 40_000
+    for kwargs, p in (
+        ({"temperature": 0.7}, el.temperature_probs(z, 0.7)),
+        ({"temperature": 1.0, "top_k": 2}, el.top_k_probs(z, 2)),
+    ):
+        g = torch.Generator().manual_seed(0)
+        draws = next_token(z.expand(reps, -1), generator=g, **kwargs)[:, 0]
+        freq = torch.bincount(draws, minlength=z.shape[-1]).double() / reps
+        torch.testing.assert_close(freq, p[0], atol=0.01, rtol=0)
+    assert el.top_k_probs(z, 2)[0, 2:].eq(0).all()
+
+
+def test_teacher_forcing_solution_equals_the_model_loss():
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    tokens = torch.randint(0, TINY.vocab_size, (2, 11), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits, loss = model(tokens[:, :-1], tokens[:, 1:])
+    torch.testing.assert_close(el.teacher_forcing_loss(logits, tokens), loss)

@@ -1,0 +1,240 @@
+"""Chapter *Vision transformers*: the ViT (shapes, errors, learning, overlapping patches and their
+initialisation), the recipe and its ablations, the exercises."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import transformer_course as tc
+from transformer_course.data import random_shift
+from transformer_course.exercises import vision as ex_vis
+from transformer_course.train import TrainConfig, train
+from transformer_course.vision import (
+    ABLATIONS,
+    DIGITS_RECIPE,
+    ViT,
+    ViTConfig,
+    ablated,
+    mixup,
+    shifted_probabilities,
+    train_digits,
+)
+
+# ----------------------------------------------------------------------------------------------
+# The model
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_vit_shapes_and_errors(pool):
+    torch.manual_seed(0)
+    vit = ViT(ViTConfig(pool=pool, n_layers=2, d_model=32))
+    assert vit(torch.randn(3, 1, 8, 8)).shape == (3, 10)
+    assert vit.tokens(torch.randn(2, 1, 8, 8)).shape == (2, 16 + (pool == "cls"), 32)
+    with pytest.raises(ValueError, match=r"images must be \(B, 1, 8, 8\)"):
+        vit(torch.randn(3, 1, 16, 16))
+    with pytest.raises(ValueError, match="not divisible by patch_size"):
+        ViTConfig(image_size=8, patch_size=3)
+
+
+def test_vit_learns_digits():
+    from sklearn.datasets import load_digits
+
+    torch.manual_seed(0)
+    digits = load_digits()
+    X = torch.tensor(digits.images[:300], dtype=torch.float32)[:, None] / 16.0
+    y = torch.tensor(digits.target[:300])
+    vit = ViT(ViTConfig(n_layers=2, d_model=32, dropout=0.0))
+
+    def loss_fn(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
+
+    before = loss_fn(vit, (X, y)).item()
+    train(
+        vit,
+        lambda g: (X, y),
+        loss_fn,
+        TrainConfig(max_steps=40, lr=3e-3, warmup_steps=5),
+        progress=False,
+    )
+    assert loss_fn(vit.eval(), (X, y)).item() < before - 0.5
+
+
+def test_vit_with_overlapping_patches_and_its_patch_initialisation():
+    config = ViTConfig(patch_size=4, patch_stride=2, d_model=32, H=2, n_layers=1, pool="mean")
+    assert config.n_patches == 16 and config.stride == 2
+    assert ViT(config)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    for init, std in (("gpt2", 0.02), ("lecun", 0.25)):  # LeCun: 1/sqrt(C P^2) = 1/4 here
+        w = ViT(ViTConfig(**{**config.__dict__, "patch_init": init})).patch.proj.weight
+        assert abs(w.std().item() - std) < 0.12 * std, (init, w.std().item())
+    with pytest.raises(ValueError, match="patch_init"):
+        ViTConfig(patch_init="xavier")
+    with pytest.raises(ValueError, match="patch_stride=3"):
+        ViTConfig(patch_size=4, patch_stride=3)
+    with pytest.raises(ValueError, match="at most patch_size"):
+        ViTConfig(patch_size=2, patch_stride=4)
+
+
+# ----------------------------------------------------------------------------------------------
+# The recipe
+
+
+@pytest.mark.parametrize("name", sorted(ABLATIONS))
+def test_each_ablation_changes_exactly_its_part(name):
+    changed = ablated(DIGITS_RECIPE, name)
+    diff = {
+        f
+        for f in ("smoothing", "mixup_alpha", "augment", "test_shifts", "batch_size", "train")
+        if getattr(changed, f) != getattr(DIGITS_RECIPE, f)
+    }
+    model_diff = {
+        k for k, v in changed.model.__dict__.items() if v != getattr(DIGITS_RECIPE.model, k)
+    }
+    expected = {
+        "overlap": (set(), {"patch_size", "patch_stride"}),
+        "init": (set(), {"patch_init"}),
+        "mixup": ({"mixup_alpha"}, set()),
+        "augment": ({"augment"}, set()),
+    }[name]
+    assert (diff, model_diff) == expected
+    with pytest.raises(ValueError, match="unknown ablation"):
+        ablated(DIGITS_RECIPE, "dropout")
+
+
+def test_mixup_blends_images_and_labels_with_one_weight():
+    torch.manual_seed(0)
+    images, labels = torch.rand(6, 1, 8, 8), torch.arange(6)
+    mixed, y_a, y_b, lam = mixup(images, labels, 0.4, torch.Generator().manual_seed(1))
+    assert 0 <= lam <= 1 and torch.equal(y_a, labels)
+    partner = y_b  # labels are the indices, so y_b names each image's partner
+    torch.testing.assert_close(mixed, lam * images + (1 - lam) * images[partner])
+    assert mixup(images, labels, 0.0, torch.Generator())[3] == 1.0
+
+
+def test_test_time_shifts_average_nine_shifted_copies():
+    class Probe(
+        torch.nn.Module
+    ):  # logits = log of the mean brightness of each image's top-left pixel
+        def forward(self, x):
+            return torch.stack([x[:, 0, 0, 0], torch.zeros(len(x))], dim=1)
+
+    images = torch.zeros(1, 1, 3, 3)
+    images[0, 0, 0, 0] = 5.0  # only the unshifted copy and two others keep a value at (0, 0)
+    p = shifted_probabilities(Probe(), images)
+    logits = [
+        images[0, 0, 0, 0] if (dy, dx) in ((1, 1),) else 0.0 for dy in range(3) for dx in range(3)
+    ]
+    expected = torch.stack([torch.softmax(torch.tensor([float(v), 0.0]), 0) for v in logits]).mean(
+        0
+    )
+    torch.testing.assert_close(p[0], expected)
+
+
+def test_the_recipe_trains_and_reports_both_accuracies():
+    run = train_digits(DIGITS_RECIPE, steps=5)
+    assert run.history.steps_done == 5
+    assert 0 <= run.test_accuracy <= 1 and 0 <= run.test_accuracy_no_shifts <= 1
+    assert run.history.evals["test_accuracy"] == [run.test_accuracy]
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercises
+
+NAMES = [
+    "vision.patch_count",
+    "vision.cls_and_positions",
+    "vision.mean_pool",
+    "vision.shift_images",
+]
+
+
+def test_all_exercises_are_registered():
+    assert tc.exercises.list_exercises("vision.") == sorted(NAMES)
+
+
+def test_stubs_are_not_attempted():
+    def stub(*args):
+        raise NotImplementedError
+
+    for name in NAMES:
+        assert tc.exercises.check(name, stub).status == "not attempted"
+
+
+def test_patch_count_accepts_a_tuple_and_matches_patchify():
+    assert tc.exercises.check(
+        "vision.patch_count", lambda C, h, w, P: ((h // P) * (w // P), C * P * P)
+    )
+    for C, h, w, P in [(1, 8, 8, 2), (3, 12, 20, 4), (2, 6, 9, 3)]:
+        N, d = ex_vis.patch_count(C, h, w, P).tolist()
+        assert tc.tokens.patchify(torch.zeros(1, C, h, w), P).shape == (1, N, d)
+
+
+def _models() -> tuple[ViT, ViT]:
+    torch.manual_seed(0)
+    cfg = ViTConfig(d_model=16, H=2, n_layers=1, dropout=0.0)
+    vit_cls = ViT(cfg).double().eval()
+    vit_mean = ViT(ViTConfig(**{**cfg.__dict__, "pool": "mean"})).double().eval()
+    with torch.no_grad():  # a non-zero class token, so that leaving it out would show
+        vit_cls.cls.normal_()
+    return vit_cls, vit_mean
+
+
+def test_cls_and_positions_is_the_package_vit_input():
+    vit, _ = _models()
+    images = torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    X0 = ex_vis.cls_and_positions(vit.patch(images), vit.cls[0, 0], vit.pos.table.weight)
+    torch.testing.assert_close(X0, vit.tokens(images), rtol=0, atol=1e-12)
+
+
+def test_mean_pool_is_the_package_mean_head():
+    _, vit = _models()
+    images = torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    X_M = vit.stack(vit.tokens(images))  # (B, N, D), no class token in this model
+    with_cls_row = torch.cat([torch.full_like(X_M[:, :1], 7.0), X_M], dim=1)  # (B, 1 + N, D)
+    logits = vit.head(ex_vis.mean_pool(with_cls_row))
+    torch.testing.assert_close(logits, vit(images), rtol=0, atol=1e-12)
+
+
+def test_shift_images_moves_content_down_and_right_with_zero_fill():
+    x = torch.zeros(1, 1, 5, 5, dtype=torch.float64)
+    x[0, 0, 1, 3] = 1.0
+    out = ex_vis.shift_images(x, torch.tensor([[2, -1]]), 2)
+    assert out[0, 0, 3, 2] == 1.0 and out.sum() == 1.0
+    edge = torch.ones(1, 1, 4, 4, dtype=torch.float64)
+    out = ex_vis.shift_images(edge, torch.tensor([[1, 1]]), 1)
+    assert out[0, 0, 0].sum() == 0 and out[0, 0, :, 0].sum() == 0 and out.sum() == 9  # zero fill
+
+
+def test_shift_images_equals_roll_away_from_the_border_and_round_trips():
+    g = torch.Generator().manual_seed(0)
+    x = F.pad(torch.rand(6, 2, 4, 5, generator=g, dtype=torch.float64), (2, 2, 2, 2))  # 2 px blank
+    shifts = torch.randint(-2, 3, (6, 2), generator=g)
+    out = ex_vis.shift_images(x, shifts, 2)
+    rolled = torch.stack([torch.roll(x[b], tuple(shifts[b].tolist()), (-2, -1)) for b in range(6)])
+    torch.testing.assert_close(out, rolled, rtol=0, atol=0)
+    torch.testing.assert_close(out.sum(dim=(1, 2, 3)), x.sum(dim=(1, 2, 3)))  # mass kept
+    torch.testing.assert_close(ex_vis.shift_images(out, -shifts, 2), x, rtol=0, atol=0)
+    assert torch.equal(ex_vis.shift_images(x, torch.zeros(6, 2, dtype=torch.long), 2), x)
+
+
+def test_random_shift_has_the_properties_of_a_uniform_shift():
+    from transformer_course.data import digits_split
+
+    X = digits_split()[0][:200].repeat(6, 1, 1, 1)  # (1200, 1, 8, 8)
+    gen = torch.Generator().manual_seed(0)
+    p = 1
+    out = random_shift(X, p, gen)
+    offsets = [(dy, dx) for dy in range(-p, p + 1) for dx in range(-p, p + 1)]
+    candidates = torch.stack(
+        [ex_vis.shift_images(X, torch.tensor([o] * len(X)), p) for o in offsets]
+    )  # (9, B, 1, 8, 8)
+    match = (candidates == out).flatten(2).all(dim=-1)  # (9, B)
+    assert match.any(dim=0).all()  # every output is one shift of its input
+    freq = torch.bincount(match.float().argmax(dim=0), minlength=len(offsets)) / len(X)
+    assert (freq - 1 / len(offsets)).abs().max() < 0.03  # about uniform over the 9 shifts
+    assert (out.sum(dim=(1, 2, 3)) <= X.sum(dim=(1, 2, 3)) + 1e-5).all()  # no mass created
+    digit = X[:1]
+    average = random_shift(digit.repeat(4000, 1, 1, 1), p, gen).mean(dim=0, keepdim=True)
+    box = F.conv2d(digit, torch.ones(1, 1, 3, 3) / 9, padding=1)  # all 9 shifts, averaged
+    assert (average - box).abs().max() < 0.03
