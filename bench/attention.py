@@ -3,7 +3,7 @@
     python bench/attention.py                 # CPU (default)
     python bench/attention.py --device cuda   # a GPU
 
-Times forward + backward of ``tc.multihead.MultiHeadAttention`` and ``torch.nn.MultiheadAttention``
+Times forward + backward of ``tc.multihead.SelfAttention`` and ``torch.nn.MultiheadAttention``
 (``batch_first=True``, ``need_weights=False``, identical weights) at B=8, N=256, D=256, H=8, in one
 process, alternating the two, and reports the ratio of medians (course / torch; target <= 1.05 on CPU).
 Also reports the largest absolute difference between the reference and efficient single-head paths in
@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import interleaved_medians, machine, report
+from common import interleaved_medians, report
 from torch import nn
 
 import transformer_course as tc
-from transformer_course.multihead import MultiHeadAttention, multi_head_attention_reference
+from transformer_course.multihead import SelfAttention, multi_head_attention_reference
+from transformer_course.runtime import machine
 
 
 def main() -> None:
@@ -36,7 +37,7 @@ def main() -> None:
     B, N, D, H = args.B, args.N, args.D, args.H
     tc.seed_everything(0)
 
-    ours = MultiHeadAttention(D, H).to(device)
+    ours = SelfAttention(D, H).to(device)
     theirs = nn.MultiheadAttention(D, H, batch_first=True).to(device)
     ours.load_from_torch(theirs)
     X = torch.randn(B, N, D, device=device, requires_grad=True)
@@ -61,11 +62,11 @@ def main() -> None:
     with torch.no_grad():
         Xs = X.detach()
         W_q, W_k, W_v = (torch.randn(D, D // H, device=device) / D**0.5 for _ in range(3))
-        single_ref = tc.self_attention_reference(Xs, W_q, W_k, W_v)
-        single_eff = tc.self_attention(Xs, W_q, W_k, W_v)
+        single_ref = tc.self_attention.single_head_reference(Xs, W_q, W_k, W_v)
+        single_eff = tc.self_attention.single_head(Xs, W_q, W_k, W_v)
         err_single = (single_ref - single_eff).abs().max().item()
         # the reference has no biases: compare with a bias-free copy of the module instead
-        plain = MultiHeadAttention(D, H, bias=False).to(device)
+        plain = SelfAttention(D, H, bias=False).to(device)
         plain.in_proj.weight.copy_(ours.in_proj.weight)
         plain.out_proj.weight.copy_(ours.out_proj.weight)
         err_multi = (
@@ -77,7 +78,7 @@ def main() -> None:
 
     print(f"machine: {machine(device)}")
     print(f"shape: B={B} N={N} D={D} H={H}, float32, forward+backward, {args.repeats} repeats")
-    print(f"course MultiHeadAttention      : {med['course'] * 1e3:8.2f} ms (median)")
+    print(f"course SelfAttention           : {med['course'] * 1e3:8.2f} ms (median)")
     print(f"torch nn.MultiheadAttention    : {med['torch'] * 1e3:8.2f} ms (need_weights=False)")
     print(
         f"torch, need_weights=True       : {med['torch_need_weights'] * 1e3:8.2f} ms (its default)"

@@ -1,11 +1,14 @@
-"""Shared helpers of the bench/ scripts: timing, machine description, the final JSON line."""
+"""Shared helpers of the bench/ scripts: timing with warm-up and repeats, and the final JSON line.
+
+The machine a figure was measured on is named by ``transformer_course.runtime.machine`` (the one
+description the book pages use too).
+"""
 
 from __future__ import annotations
 
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import time
@@ -14,29 +17,16 @@ from collections.abc import Callable
 import torch
 
 
-def machine(device: torch.device) -> str:
-    """A one-line description of where the figures were measured."""
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    return f"{cpu}, {torch.get_num_threads()} torch threads (torch {torch.__version__})"
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def interleaved_medians(
+def interleaved_times(
     fns: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 3
-) -> dict[str, float]:
-    """Median seconds per call of each function, timed in alternation so drift hits all equally."""
+) -> dict[str, list[float]]:
+    """Seconds per call of each function over ``repeats`` rounds, after ``warmup`` untimed rounds;
+    the functions alternate within a round so that drift on the machine hits all of them equally."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -48,6 +38,14 @@ def interleaved_medians(
             fn()
             sync(device)
             times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 3
+) -> dict[str, float]:
+    """Median seconds per call of each function (see :func:`interleaved_times`)."""
+    times = interleaved_times(fns, device, repeats, warmup)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

@@ -93,20 +93,20 @@ class MLP(nn.Module):
     .. math:: \mathrm{MLP}(X) = \phi(X W_1 + \mathbf{b}_1)\, W_2 + \mathbf{b}_2,\qquad
               W_1 \in \mathbb{R}^{D\times d_\text{ff}},\ W_2 \in \mathbb{R}^{d_\text{ff}\times D}
 
-    (Turner 2023 sec. 2.2; Bishop & Bishop 2024 sec. 2.12.2.) ``nn.Linear`` stores ``W^T``.
+    (Turner 2023 sec. 2.2; Bishop & Bishop 2024 sec. 2.12.2.) ``nn.Linear`` stores ``W^T``. Dropout,
+    when a block trains with it, acts on the MLP's output before the residual sum (as in Vaswani et al.
+    and GPT-2), not inside the MLP as ``nn.TransformerEncoderLayer`` also does; in evaluation mode the
+    two are the same function.
     """
 
-    def __init__(
-        self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0
-    ) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu") -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
         self.act = _activation(activation)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, X: Tensor) -> Tensor:
-        return self.fc2(self.dropout(self.act(self.fc1(X))))  # (..., N, D) -> (..., N, D)
+        return self.fc2(self.act(self.fc1(X)))  # (..., N, D) -> (..., N, d_ff) -> (..., N, D)
 
 
 class _Block(nn.Module):
@@ -130,7 +130,7 @@ class _Block(nn.Module):
     ) -> None:
         super().__init__()
         self.attn = SelfAttention(d_model, H, causal=causal, dropout=dropout)
-        self.mlp = MLP(d_model, d_ff or 4 * d_model, activation, dropout)
+        self.mlp = MLP(d_model, d_ff or 4 * d_model, activation)
         self.norm1 = LayerNorm(d_model, eps)
         self.norm2 = LayerNorm(d_model, eps)
         self.drop1 = nn.Dropout(dropout)

@@ -114,7 +114,7 @@ class DecoderBlock(nn.Module):
         super().__init__()
         self.self_attn = SelfAttention(d_model, H, causal=True, dropout=dropout)
         self.cross_attn = CrossAttention(d_model, H, dropout=dropout)
-        self.mlp = MLP(d_model, d_ff or 4 * d_model, activation, dropout)
+        self.mlp = MLP(d_model, d_ff or 4 * d_model, activation)
         self.norm1, self.norm2, self.norm3 = (LayerNorm(d_model, eps) for _ in range(3))
         self.drop = nn.Dropout(dropout)
 
