@@ -153,7 +153,7 @@ def main() -> None:
         outs, secs = {}, {}
         for use_cache in (True, False):
             secs[use_cache] = best_seconds(
-                lambda p=prompts, u=use_cache: outs.__setitem__(
+                lambda p=prompts, u=use_cache, o=outs: o.__setitem__(
                     u, generate(ours, p, args.sweep_tokens, greedy=True, use_cache=u)
                 ),
                 device,
