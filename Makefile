@@ -23,7 +23,7 @@ $(STAMP): requirements.txt pyproject.toml | check-python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -r requirements.txt
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m pip install --quiet -e ".[bench]"  # the package and the benchmarks' extra; torch is kept
 	@touch $@
 
 venv: $(STAMP)  ## create .venv with everything the book and the tests need
@@ -59,7 +59,7 @@ sync: $(STAMP)  ## regenerate every lab's Colab badge and setup cell from pyproj
 labs: $(STAMP)  ## regenerate the labs' head cells and re-execute them, storing outputs
 	$(BIN)/python scripts/sync_labs.py --execute
 
-BENCHES := attention lm seq2seq vit_digits
+BENCHES := attention decode lm seq2seq vit_digits
 BENCH_DEVICE ?= cpu
 
 bench: $(STAMP)  ## run every benchmark; results go to bench/results/<device>/<name>.json for the book
@@ -68,12 +68,11 @@ bench: $(STAMP)  ## run every benchmark; results go to bench/results/<device>/<n
 	  $(BIN)/python bench/$$b.py --device $(BENCH_DEVICE) | tee bench/results/$(BENCH_DEVICE)/$$b.log || exit 1; \
 	  tail -n 1 bench/results/$(BENCH_DEVICE)/$$b.log > bench/results/$(BENCH_DEVICE)/$$b.json; done
 
-ABLATIONS := none overlap init mixup augment
 ABLATION_SEEDS := 0 1
 
 ablate: $(STAMP)  ## the ViT recipe with each part left out (two seeds); read by the vision chapter
 	@mkdir -p bench/results/$(BENCH_DEVICE)/ablations
-	@set -o pipefail; for a in $(ABLATIONS); do for s in $(ABLATION_SEEDS); do \
+	@set -o pipefail; for a in $$($(BIN)/python bench/vit_digits.py --list-ablations); do for s in $(ABLATION_SEEDS); do \
 	  out=bench/results/$(BENCH_DEVICE)/ablations/vit_digits-$$a-seed$$s; echo "== $$out"; \
 	  $(BIN)/python bench/vit_digits.py --device $(BENCH_DEVICE) --ablate $$a --seed $$s > $$out.log || exit 1; \
 	  tail -n 1 $$out.log > $$out.json; tail -n 1 $$out.log | cut -c1-160; done; done

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from transformer_course import data
+from transformer_course.vision import ABLATIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -48,7 +49,17 @@ def test_seq2seq_bench():
     assert 0 <= r["exact_match"] <= 1 and r["steps"] == 3
 
 
-@pytest.mark.parametrize("ablate", ["none", "overlap", "init", "mixup", "augment"])
+def test_the_ablations_the_makefile_runs_are_the_package_s():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "vit_digits.py"), "--list-ablations"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["none", *ABLATIONS]
+
+
+@pytest.mark.parametrize("ablate", ["none", *ABLATIONS])
 def test_vit_bench_and_its_ablations(ablate):
     r, printed = run_bench("vit_digits.py", "--steps", "3", "--ablate", ablate)
     assert 0 <= r["test_accuracy"] <= 1 and r["steps"] == 3
@@ -63,7 +74,16 @@ def test_lm_bench():
         data.tinyshakespeare_path(download=False)
     except FileNotFoundError:
         pytest.skip("no local copy of tiny-shakespeare (set TRANSFORMER_COURSE_DATA)")
+    r, _ = run_bench("lm.py", "--steps", "3", "--eval-batches", "2", "--new-tokens", "20")
+    assert r["kv_identical"] is True and r["steps"] == 3 and r["val_loss"] > 0
+
+
+def test_decode_bench():
+    pytest.importorskip("transformers", reason="the bench extra: pip install -e '.[bench]'")
     r, _ = run_bench(
-        "lm.py", "--steps", "3", "--eval-batches", "2", "--new-tokens", "20", "--kv-batches", "4"
+        "decode.py",
+        *("--layers", "1", "--new-tokens", "8", "--repeats", "1", "--batches", "2"),
+        *("--sweep-tokens", "4", "--train-repeats", "1"),
     )
-    assert r["kv_identical"] is True and set(r["kv_speedup_by_batch"]) == {"4"}
+    assert r["identical"] is True and set(r["by_batch"]) == {"2"}
+    assert r["speed_vs_hf"] > 0 and r["bound_ratio"] > 0 and r["train_speed_vs_nanogpt"] > 0

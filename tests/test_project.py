@@ -1,4 +1,5 @@
-"""The repository URL lives in pyproject.toml; everything that repeats it is checked here."""
+"""The project's own promises: the repository URL lives in pyproject.toml and everything that repeats it
+agrees; every chapter has its page, lab, exercises, tests and module under one name (CONTRIBUTING.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import re
 import subprocess
 import sys
 
-import tomllib
 import yaml
 
 from transformer_course import project
@@ -17,8 +17,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_url_comes_from_pyproject():
-    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert project.repository_url() == meta["project"]["urls"]["Repository"].rstrip("/")
+    # a regular expression rather than tomllib, which Python 3.10 lacks
+    urls = re.findall(r'^Repository = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert urls and project.repository_url() == urls[0].rstrip("/")
     assert project.github_slug().count("/") == 1
 
 
@@ -74,3 +75,58 @@ def test_every_lab_chooses_its_device_through_the_package():
     for lab in sorted((ROOT / "notebooks").glob("*.ipynb")):
         sources = "".join("".join(c["source"]) for c in json.loads(lab.read_text())["cells"])
         assert "tc.default_device()" in sources, f"{lab.name} never calls tc.default_device()"
+
+
+def _chapter_map() -> list[dict[str, str]]:
+    """The rows of CONTRIBUTING.md's table: stem, lab, exercises, tests, module."""
+    rows = []
+    for line in (ROOT / "CONTRIBUTING.md").read_text().splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0].isdigit():
+            keys = ("number", "stem", "page", "lab", "exercises", "tests", "module")
+            rows.append(dict(zip(keys, cells, strict=True)))
+    return rows
+
+
+def test_every_chapter_has_one_name_for_page_lab_exercises_tests_and_module():
+    import importlib
+
+    import transformer_course.exercises as ex
+
+    rows = _chapter_map()
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    chapters = [
+        c["file"]
+        for part in toc["parts"]
+        for c in part["chapters"]
+        if c["file"].startswith("book/")
+    ]
+    with_labs = [f"book/{r['stem']}" for r in rows]
+    assert [c for c in chapters if c in with_labs] == with_labs, (
+        "the map lists the chapters in order"
+    )
+    for r in rows:
+        X, n = r["stem"], int(r["number"])
+        assert (ROOT / "book" / f"{X}.md").exists(), X
+        assert r["lab"] == f"notebooks/{n:02d}_{X}.ipynb" and (ROOT / r["lab"]).exists(), r["lab"]
+        assert r["exercises"] == f"exercises/{X}.py", r
+        assert (ROOT / "src" / "transformer_course" / "exercises" / f"{X}.py").exists(), X
+        names = ex.list_exercises(f"{X}.")
+        assert names, f"exercises/{X}.py registers no exercise named {X}.*"
+        module = importlib.import_module(f"transformer_course.exercises.{X}")
+        registered_here = [
+            n for n, e in ex._REGISTRY.items() if e.solution.__module__ == module.__name__
+        ]
+        assert sorted(registered_here) == names, f"exercises/{X}.py registers names outside {X}.*"
+        assert r["tests"] == f"tests/test_{X}.py" and (ROOT / r["tests"]).exists(), r["tests"]
+        assert r["module"] == f"{X}.py", r
+        assert (ROOT / "src" / "transformer_course" / f"{X}.py").exists(), X
+        page = (ROOT / "book" / f"{X}.md").read_text()
+        assert f"lab: {r['lab']}" in page, f"book/{X}.md does not name its lab"
+    stems = {r["stem"] for r in rows}
+    exercise_files = {p.stem for p in (ROOT / "src/transformer_course/exercises").glob("*.py")}
+    assert exercise_files - {"__init__"} == stems, "an exercise module without a chapter"
+    labs = {
+        p.name.split("_", 1)[1].removesuffix(".ipynb") for p in (ROOT / "notebooks").glob("*.ipynb")
+    }
+    assert labs == stems, "a lab without a chapter"

@@ -4,8 +4,8 @@ Every chapter of the book and every lab imports its equations from here (``impor
 as tc``); nothing is copied into a page. Each chapter has one module of the same name (``tc.notation``,
 ``tc.tokens``, ``tc.attention``, ``tc.self_attention``, ``tc.multihead``, ``tc.block``, ``tc.position``,
 ``tc.language_models``, ``tc.encoder_decoder``, ``tc.vision``); ``data``, ``train``, ``plots``,
-``runtime`` and ``project`` are shared infrastructure. The exercises of the labs, ``tc.exercises``, are
-imported only when first used.
+``runtime``, ``results`` and ``project`` are shared infrastructure. The exercises of the labs,
+``tc.exercises``, are imported only when first used.
 """
 
 import importlib
@@ -22,6 +22,7 @@ from . import (
     plots,
     position,
     project,
+    results,
     runtime,
     self_attention,
     tokens,
@@ -55,6 +56,7 @@ __all__ = [
     "plots",
     "position",
     "project",
+    "results",
     "runtime",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_reference",

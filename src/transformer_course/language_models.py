@@ -401,12 +401,15 @@ class LMRecipe(Recipe):
 SHAKESPEARE_CPU_RECIPE = LMRecipe(
     model=SHAKESPEARE_CPU,
     train=TrainConfig(
-        max_steps=1600, lr=5e-3, warmup_steps=100, weight_decay=0.1, eval_interval=400,
+        max_steps=1000, lr=8e-3, warmup_steps=100, weight_decay=0.1, eval_interval=250,
         time_budget_s=120.0,
     ),
-    batch_size=48,
+    batch_size=64,
 )  # fmt: skip
-"""The CPU target: validation loss <= 1.70 within 120 s of training on 2 cores (``bench/lm.py``)."""
+"""The CPU target: validation loss <= 1.70 within 120 s of training on 2 cores (``bench/lm.py``).
+
+1,000 steps of 64 windows: about a minute on the 2-core Intel Xeon where it was tuned, so that a machine
+half as fast still finishes its schedule inside the budget."""
 SHAKESPEARE_GPU_RECIPE = LMRecipe(
     model=SHAKESPEARE_GPU,
     train=TrainConfig(

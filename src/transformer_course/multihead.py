@@ -29,6 +29,7 @@ from .self_attention import (
     _default_scale,
     _shape,
     attend,
+    attention_weights,
     causal_mask,
     scaled_dot_product_attention_reference,
 )
@@ -173,7 +174,8 @@ class AttentionLayer(nn.Module):
 
     ``in_proj`` is an ``nn.Linear(D, 3D)`` whose weight stacks ``[W_q^T; W_k^T; W_v^T]`` (``nn.Linear``
     stores ``(out, in)`` and computes ``x @ weight.T``); ``out_proj`` is ``nn.Linear(D, D)`` holding
-    ``W_o^T``. :class:`SelfAttention` and :class:`.encoder_decoder.CrossAttention` add a ``forward``.
+    ``W_o^T``. :meth:`attend` is the part both layers share; :class:`SelfAttention` and
+    :class:`.encoder_decoder.CrossAttention` compute the queries, keys and values their own way.
 
     Args:
         d_model: token width ``D``.
@@ -181,6 +183,8 @@ class AttentionLayer(nn.Module):
         bias: learn biases in the projections.
         dropout: dropout probability on the attention weights while training.
     """
+
+    causal = False  # SelfAttention(causal=True) masks the future; cross-attention never does
 
     def __init__(self, d_model: int, H: int, bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
@@ -197,8 +201,30 @@ class AttentionLayer(nn.Module):
                 f"(B, N, {self.d_model}); add a batch dimension with {name}.unsqueeze(0) if needed"
             )
 
-    def _dropout_p(self) -> float:
-        return self.dropout if self.training else 0.0
+    def attend(self, Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Every head attends (book eq. ``eq-mh-heads``), then ``W_o`` mixes the concatenated heads.
+
+        ``Q (B, H, N, d_k)``, ``K, V (B, H, M, d_k)``, ``mask (N, M) | (B, N, M) | None`` ->
+        ``(B, N, D)``.
+        """
+        _check_mask(mask, Q.shape[0], Q.shape[-2], K.shape[-2])
+        p = self.dropout if self.training else 0.0
+        Y = multi_head_attention(Q, K, V, mask, self.causal, p)  # (B, H, N, d_k)
+        return self.out_proj(merge_heads(Y))  # (B, N, D): W_o after the concatenation
+
+    def weights_of(self, Q: Tensor, K: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Every head's attention weights ``A_h`` ``(B, H, N, M)`` for these queries and keys, with the
+        layer's mask rules; the fused kernel of :meth:`attend` never forms them, so figures and
+        analyses recompute them here (by :func:`.self_attention.attention_weights`)."""
+        _check_mask(mask, Q.shape[0], Q.shape[-2], K.shape[-2])
+        N, M = Q.shape[-2], K.shape[-2]
+        if self.causal:
+            future = causal_mask(N, M, device=Q.device)
+            mask = future if mask is None else mask & future
+        if mask is not None:
+            mask = (mask if mask.dim() == 3 else mask.expand(Q.shape[0], N, M))[:, None]
+            mask = mask.expand(*Q.shape[:2], N, M)  # (B, H, N, M), explicit
+        return attention_weights(Q.detach(), K.detach(), mask)
 
     @property
     def weights(self) -> dict[str, Tensor]:
@@ -273,14 +299,22 @@ class SelfAttention(AttentionLayer):
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, H={self.H}, causal={self.causal}"
 
+    def project(self, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of the tokens ``X (B, N, D)``, book eq. ``eq-mh-split``: one fused
+        matrix product, then each head's slice of the features; ``(B, H, N, d_k)`` each."""
+        self._check_tokens(X)
+        Q, K, V = self.in_proj(X).split(self.d_model, dim=-1)  # one matmul: (B, N, D) each
+        return split_heads(Q, self.H), split_heads(K, self.H), split_heads(V, self.H)
+
+    def attention_map(self, X: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The weights ``(B, H, N, N)`` with which every head of this layer attends, for ``X``."""
+        Q, K, _ = self.project(X)
+        return self.weights_of(Q, K, mask)
+
     def forward(
         self, X: Tensor, mask: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
-        self._check_tokens(X)
-        QKV = self.in_proj(X).split(self.d_model, dim=-1)  # one matmul: (B, N, D) each
-        Q, K, V = (split_heads(T, self.H) for T in QKV)  # (B, H, N, d_k) each
+        Q, K, V = self.project(X)  # (B, H, N, d_k) each
         if cache is not None:  # chapter 7: the keys and values of the earlier tokens come first
             K, V = cache.update(K, V)  # (B, H, M, d_k), M = tokens so far
-        _check_mask(mask, X.shape[0], X.shape[1], K.shape[-2])
-        Y = multi_head_attention(Q, K, V, mask, self.causal, self._dropout_p())  # (B, H, N, d_k)
-        return self.out_proj(merge_heads(Y))  # (B, N, D)
+        return self.attend(Q, K, V, mask)  # (B, N, D)
