@@ -18,7 +18,7 @@ from transformer_course.attention import (
 from transformer_course.exercises import check, list_exercises
 
 # ----------------------------------------------------------------------------------------------
-# from test_attention.py
+# The module
 
 pytestmark = pytest.mark.filterwarnings(
     # F.conv1d(padding="same") warns that an even kernel needs a padded copy of the input: harmless.
@@ -205,7 +205,7 @@ def test_convolve_tokens_bad_input():
 
 
 # ----------------------------------------------------------------------------------------------
-# from test_exercises_weighted_average.py
+# Exercises
 
 NAMES = [
     "attention.convolution_matrix",

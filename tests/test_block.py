@@ -22,7 +22,7 @@ from transformer_course.exercises import block as eb
 from transformer_course.self_attention import causal_mask
 
 # ----------------------------------------------------------------------------------------------
-# from test_block.py
+# The module
 
 
 def _layers(norm_first: bool, activation: str, D=16, H=4, d_ff=24, seed=0):
@@ -145,7 +145,7 @@ def test_bad_input_is_explained():
 
 
 # ----------------------------------------------------------------------------------------------
-# from test_exercises_block.py
+# Exercises
 
 NAMES = [
     "block.layer_norm",

@@ -18,7 +18,7 @@ from transformer_course.position import (
 )
 
 # ----------------------------------------------------------------------------------------------
-# from test_position.py
+# The module
 
 
 def test_sinusoid_by_hand():
@@ -83,7 +83,7 @@ def test_bad_input():
 
 
 # ----------------------------------------------------------------------------------------------
-# from test_exercises_position.py
+# Exercises
 
 NAMES = [
     "position.sinusoidal",

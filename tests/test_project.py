@@ -130,3 +130,32 @@ def test_every_chapter_has_one_name_for_page_lab_exercises_tests_and_module():
         p.name.split("_", 1)[1].removesuffix(".ipynb") for p in (ROOT / "notebooks").glob("*.ipynb")
     }
     assert labs == stems, "a lab without a chapter"
+
+
+def test_every_package_name_the_pages_and_labs_mention_exists():
+    """Prose and code name the package's objects as `tc.module.name`; a rename must not leave a dead one
+    (code cells fail the build, but names in prose and in comments would not)."""
+    import importlib
+
+    import transformer_course as tc
+
+    def resolve(dotted: str) -> bool:
+        obj = tc
+        for part in dotted.split("."):
+            if hasattr(obj, part) or part == "exercises":
+                obj = getattr(obj, part)
+                continue
+            try:
+                obj = importlib.import_module(f"{obj.__name__}.{part}")
+            except (ImportError, AttributeError):
+                return False
+        return True
+
+    sources = sorted((ROOT / "book").glob("*.md")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
+    dead = {
+        (path.name, name)
+        for path in sources
+        for name in re.findall(r"\btc\.([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", path.read_text())
+        if not resolve(name)
+    }
+    assert not dead, sorted(dead)

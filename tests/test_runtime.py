@@ -1,4 +1,4 @@
-"""Seeds and devices."""
+"""Seeds, devices and the name of the machine."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from transformer_course import runtime
 from transformer_course.runtime import default_device, seed_everything
 
 
@@ -49,3 +50,12 @@ def test_cuda_without_gpu_explains(monkeypatch):
 def test_unknown_device_explains():
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
         default_device("gpu")
+
+
+def test_machine_names_the_cpu_threads_and_torch():
+    line = runtime.machine("cpu")
+    assert f"{torch.get_num_threads()} torch threads" in line and torch.__version__ in line
+    with open("/proc/cpuinfo", encoding="utf-8") as fh:
+        model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None)
+    if model:
+        assert line.startswith(model)

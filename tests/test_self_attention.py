@@ -19,7 +19,7 @@ from transformer_course.self_attention import (
 )
 
 # ----------------------------------------------------------------------------------------------
-# from test_self_attention.py
+# The module
 
 TOL = {torch.float64: dict(atol=1e-10, rtol=0), torch.float32: dict(atol=1e-5, rtol=0)}
 
@@ -228,7 +228,7 @@ def test_causal_mask():
 
 
 # ----------------------------------------------------------------------------------------------
-# from test_exercises_self_attention.py
+# Exercises
 
 NAMES = [
     "self_attention.scores",

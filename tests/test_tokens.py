@@ -21,7 +21,7 @@ from transformer_course.tokens import (
 )
 
 # ----------------------------------------------------------------------------------------------
-# from test_tokens.py
+# The module
 
 SHAKESPEARE = Path("/work/shared/data/tinyshakespeare/input.txt")
 ALPHABET = "abcde fgh\nXYZ.,!?'éßñ中文日本😀🙂ü\t0123_"
@@ -433,7 +433,7 @@ def test_overlapping_patches_match_a_loop_and_a_strided_convolution():
 
 
 # ----------------------------------------------------------------------------------------------
-# from test_exercises_tokens.py
+# Exercises
 
 NAMES = list_exercises("tokens.")
 

@@ -1,0 +1,52 @@
+"""Figures: the heat map draws the numbers it is given, with the right scale, and explains bad input."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+
+from transformer_course.plots import attention_heatmap
+
+
+def test_heatmap_draws_the_matrix_with_labels_and_annotations():
+    A = torch.softmax(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), dim=-1)
+    fig = attention_heatmap(A, queries=["a", "b", "c"], keys=list("wxyz"), title="t")
+    ax = fig.axes[0]
+    image = ax.images[0]
+    np.testing.assert_allclose(image.get_array(), A.numpy())
+    assert image.get_clim() == (0.0, 1.0) and image.get_cmap().name == "viridis"
+    assert [t.get_text() for t in ax.get_xticklabels()] == list("wxyz")
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
+    assert len(ax.texts) == 12 and ax.texts[0].get_text() == f"{A[0, 0]:.2f}"
+    assert ax.get_title() == "t"
+    plt.close(fig)
+
+
+def test_negative_entries_get_a_diverging_scale_centred_on_zero():
+    K = torch.tensor([[-2.0, 0.5], [1.0, 0.0]])  # a filter, not attention weights
+    fig = attention_heatmap(K, vmax=None)
+    image = fig.axes[0].images[0]
+    assert image.get_cmap().name == "RdBu_r" and image.get_clim() == (-2.0, 2.0)
+    plt.close(fig)
+
+
+def test_large_matrices_are_not_annotated_and_draw_into_a_given_axes():
+    fig, ax = plt.subplots()
+    out = attention_heatmap(torch.rand(20, 20), ax=ax)
+    assert out is fig and len(ax.texts) == 0
+    plt.close(fig)
+
+
+def test_bad_input_is_explained():
+    with pytest.raises(ValueError, match=r"2-D \(queries x keys\)"):
+        attention_heatmap(torch.rand(2, 3, 4))
+    with pytest.raises(ValueError, match="2 query labels for 3 rows"):
+        attention_heatmap(torch.rand(3, 3), queries=["a", "b"])
+    with pytest.raises(ValueError, match="1 key labels for 3 columns"):
+        attention_heatmap(torch.rand(3, 3), keys=["a"])
