@@ -1,5 +1,5 @@
-"""Seeds, devices, the machine's name and evaluation mode: shared infrastructure of every chapter,
-lab, training run and benchmark.
+"""Seeds, devices, the machine's name, evaluation mode and shapes in messages: shared infrastructure
+of every chapter, lab, training run and benchmark.
 
 Library modules never pick a device: they follow their inputs. Only notebooks and scripts call
 :func:`default_device`.
@@ -17,10 +17,15 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["default_device", "eval_mode", "machine", "seed_everything"]
+__all__ = ["default_device", "eval_mode", "machine", "seed_everything", "shape_of"]
 
 DEVICE_ENV = "TRANSFORMER_COURSE_DEVICE"
 DEVICE_LOG_ENV = "TRANSFORMER_COURSE_DEVICE_LOG"
+
+
+def shape_of(t: torch.Tensor) -> str:
+    """A tensor's shape as ``(2, 3)``, for error messages that name what they got."""
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
 def seed_everything(seed: int) -> torch.Generator:

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .runtime import shape_of as _shape
+
 __all__ = [
     "attend",
     "attention_weights",
@@ -32,10 +34,6 @@ __all__ = [
     "single_head",
     "single_head_reference",
 ]
-
-
-def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
 def _check_qkv(Q: Tensor, K: Tensor, V: Tensor | None, mask: Tensor | None) -> None:

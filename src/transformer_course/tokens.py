@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .runtime import shape_of as _shape
+
 __all__ = [
     "BPETokenizer",
     "CharTokenizer",
@@ -40,10 +42,6 @@ __all__ = [
     "pretokenize",
     "unpatchify",
 ]
-
-
-def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
 def _as_id_list(ids: Iterable[int] | Tensor) -> list[int]:
