@@ -50,3 +50,30 @@ def test_bad_input_is_explained():
         attention_heatmap(torch.rand(3, 3), queries=["a", "b"])
     with pytest.raises(ValueError, match="1 key labels for 3 columns"):
         attention_heatmap(torch.rand(3, 3), keys=["a"])
+
+
+def test_diagram_draws_tensors_to_their_shape_and_connects_box_edges():
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    from transformer_course.plots import Diagram
+
+    d = Diagram(unit=0.5)
+    d.tensor("X", torch.zeros(2, 6, 8), 0, 0)  # a batch: the last two dims are drawn
+    d.op("proj", 5, 0, "X W")
+    d.tensor("Q", (6, 4), 9, 0)
+    d.arrow("X", "proj")
+    d.arrow("proj", "Q", text="Q")
+    fig = d.finish("t")
+    rects = [p for p in d.ax.patches if isinstance(p, Rectangle) and p.get_width() != 1]
+    assert sorted((r.get_width(), r.get_height()) for r in rects)[:2] == [(2.0, 3.0), (4.0, 3.0)]
+    labels = [t.get_text() for t in d.ax.texts]
+    assert "X\n(2 x 6 x 8)" in labels and "Q\n(6 x 4)" in labels and "X W" in labels
+    arrow = next(p for p in d.ax.patches if isinstance(p, FancyArrowPatch))
+    (x0, _), (x1, _) = arrow._posA_posB  # starts at X's right edge, ends at the box's left edge
+    assert x0 == pytest.approx(2.0 + 0.08) and x1 < 5 - 0.3
+    assert fig.get_facecolor()[:3] == (1.0, 1.0, 1.0)  # its own white: readable in dark mode
+    with pytest.raises(ValueError, match="already has a node named 'Q'"):
+        d.tensor("Q", (1, 1), 0, 0)
+    with pytest.raises(KeyError, match="no node named 'Y'"):
+        d.arrow("Q", "Y")
+    plt.close(fig)

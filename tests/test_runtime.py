@@ -56,6 +56,8 @@ def test_machine_names_the_cpu_threads_and_torch():
     line = runtime.machine("cpu")
     assert f"{torch.get_num_threads()} torch threads" in line and torch.__version__ in line
     with open("/proc/cpuinfo", encoding="utf-8") as fh:
-        model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None)
+        model = next(
+            (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None
+        )
     if model:
         assert line.startswith(model)

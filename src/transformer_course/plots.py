@@ -1,20 +1,26 @@
 """Figures shared by the chapters and labs (matplotlib only; every figure is drawn from data).
 
-Chapters: all. A function here draws; it never computes a model quantity itself, so the numbers in
-a figure always come from the package's tested functions.
+Shared infrastructure of every chapter. A function here draws; it never computes a model quantity
+itself, so the numbers in a figure always come from the package's tested functions:
+:func:`attention_heatmap` draws a matrix of weights, and :class:`Diagram` draws how data flows through a
+layer, with every tensor drawn to the shape the real module produced (the chapters run the module and
+pass its tensors in). Figures have a white background of their own, so they read in light and dark mode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 from torch import Tensor
 
-__all__ = ["attention_heatmap"]
+__all__ = ["Diagram", "attention_heatmap"]
 
 
 def attention_heatmap(
@@ -76,3 +82,148 @@ def attention_heatmap(
                 ax.text(m, n, f"{A[n, m]:.2f}", ha="center", va="center", fontsize=7, color=colour)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     return fig
+
+
+@dataclass(frozen=True)
+class _Node:
+    x: float  # centre
+    y: float
+    w: float  # full width and height
+    h: float
+
+
+class Diagram:
+    """A data-flow figure: tensors as rectangles drawn to their shape, operations as rounded boxes, and
+    arrows between them.
+
+    A tensor's last two dimensions (rows = tokens, columns = features) set the rectangle's height and
+    width, ``unit`` data units per entry, so a ``6 x 4`` query matrix is drawn half as wide as a
+    ``6 x 8`` input; leading (batch, head) dimensions are listed in the label. Give the tensors the real
+    module computed, and the figure cannot disagree with the code::
+
+        d = Diagram(unit=0.25)
+        d.tensor("X", X, 0, 0)
+        d.op("W_q", 2, 0)
+        d.tensor("Q", Q, 4, 0)
+        d.arrow("X", "W_q")
+        d.arrow("W_q", "Q")
+        d.finish("title")
+
+    Args:
+        ax: axes to draw into; a new figure is made when ``None``.
+        unit: size of one matrix entry in data units.
+        figsize: size of a new figure, inches.
+    """
+
+    COLOURS: ClassVar[dict[str, str]] = {
+        "tensor": "#dbe9f6",
+        "op": "#fde7c8",
+        "edge": "#2b4a6f",
+        "text": "black",
+    }
+
+    def __init__(self, ax: Axes | None = None, unit: float = 0.25, figsize=(9.0, 3.5)) -> None:
+        if ax is None:
+            _, ax = plt.subplots(figsize=figsize)
+        self.ax, self.fig, self.unit = ax, ax.figure, unit
+        self.nodes: dict[str, _Node] = {}
+        self.fig.set_facecolor("white")
+        ax.set_facecolor("white")
+        ax.set_aspect("equal")
+        ax.axis("off")
+
+    def _add(self, name: str, node: _Node) -> str:
+        if name in self.nodes:
+            raise ValueError(f"the diagram already has a node named {name!r}; give each one a name")
+        self.nodes[name] = node
+        return name
+
+    def tensor(
+        self,
+        name: str,
+        T: Tensor | Sequence[int],
+        x: float,
+        y: float,
+        label: str | None = None,
+        colour: str | None = None,
+    ) -> str:
+        """Draw ``T`` (a tensor or its shape) centred at ``(x, y)``; the label shows its shape."""
+        shape = tuple(T.shape) if isinstance(T, Tensor) else tuple(int(s) for s in T)
+        if not shape:
+            raise ValueError(f"{name}: a scalar has no rows or columns to draw")
+        rows, cols = (1, shape[0]) if len(shape) == 1 else shape[-2:]
+        w, h = cols * self.unit, rows * self.unit
+        self.ax.add_patch(
+            Rectangle(
+                (x - w / 2, y - h / 2), w, h,
+                facecolor=colour or self.COLOURS["tensor"], edgecolor=self.COLOURS["edge"], lw=1.2,
+                zorder=2,
+            )
+        )  # fmt: skip
+        dims = " x ".join(str(s) for s in shape)
+        self.ax.text(x, y - h / 2 - 0.12, f"{label or name}\n({dims})", ha="center", va="top",
+                     fontsize=9, color=self.COLOURS["text"])  # fmt: skip
+        return self._add(name, _Node(x, y, w, h))
+
+    def op(
+        self, name: str, x: float, y: float, text: str | None = None, width: float | None = None
+    ) -> str:
+        """An operation (a matrix product, a softmax, a norm ...) as a rounded box at ``(x, y)``; its
+        width fits the text unless ``width`` is given."""
+        text = text or name
+        lines = text.split("\n")
+        width = width or 0.16 * max(len(line) for line in lines) + 0.4
+        h = 0.35 + 0.3 * len(lines)
+        self.ax.add_patch(
+            FancyBboxPatch(
+                (x - width / 2, y - h / 2), width, h, boxstyle="round,pad=0.05",
+                facecolor=self.COLOURS["op"], edgecolor=self.COLOURS["edge"], lw=1.2, zorder=2,
+            )
+        )  # fmt: skip
+        self.ax.text(x, y, text, ha="center", va="center", fontsize=9,
+                     color=self.COLOURS["text"], zorder=3)  # fmt: skip
+        return self._add(name, _Node(x, y, width, h))
+
+    def arrow(self, start: str, end: str, text: str | None = None, bend: float = 0.0) -> None:
+        """An arrow from node ``start`` to node ``end`` (``bend`` curves it; ``text`` labels it)."""
+        for n in (start, end):
+            if n not in self.nodes:
+                raise KeyError(f"no node named {n!r}; draw it before connecting it")
+        a, b = self.nodes[start], self.nodes[end]
+        self.ax.add_patch(
+            FancyArrowPatch(
+                self._edge(a, b), self._edge(b, a), arrowstyle="-|>", mutation_scale=12, lw=1.2,
+                color=self.COLOURS["edge"], connectionstyle=f"arc3,rad={bend}", zorder=1,
+            )
+        )  # fmt: skip
+        if text:
+            self.ax.text((a.x + b.x) / 2, (a.y + b.y) / 2 + 0.12, text, ha="center", va="bottom",
+                         fontsize=8, color=self.COLOURS["edge"])  # fmt: skip
+
+    @staticmethod
+    def _edge(node: _Node, other: _Node, gap: float = 0.08) -> tuple[float, float]:
+        """Where the straight line from ``node``'s centre towards ``other`` leaves ``node``."""
+        dx, dy = other.x - node.x, other.y - node.y
+        if dx == dy == 0:
+            return node.x, node.y
+        t = min(
+            (node.w / 2 + gap) / abs(dx) if dx else float("inf"),
+            (node.h / 2 + gap) / abs(dy) if dy else float("inf"),
+        )
+        return node.x + t * dx, node.y + t * dy
+
+    def finish(self, title: str | None = None) -> Figure:
+        """Fit the view to what was drawn, set the title and return the figure."""
+        if not self.nodes:
+            raise ValueError("nothing was drawn")
+        xs = [n.x - n.w / 2 for n in self.nodes.values()] + [
+            n.x + n.w / 2 for n in self.nodes.values()
+        ]
+        ys = [n.y - n.h / 2 for n in self.nodes.values()] + [
+            n.y + n.h / 2 for n in self.nodes.values()
+        ]
+        self.ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
+        self.ax.set_ylim(min(ys) - 0.5, max(ys) + 0.5)
+        if title:
+            self.ax.set_title(title, fontsize=10)
+        return self.fig
