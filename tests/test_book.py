@@ -102,13 +102,24 @@ def test_chapter_launch_button_opens_its_lab_in_colab(html: pathlib.Path):
     assert project.colab_url("notebooks/00_notation.ipynb") in lab
 
 
+def _one_part_toc(book: pathlib.Path, root: str) -> None:
+    """A table of contents with the page under test and one plain page in a part (the theme's
+    navigation, rendered for the 404 page too, needs at least one part)."""
+    (book / "book" / "other.md").write_text("# Other\n\nA plain page.\n")
+    (book / "_toc.yml").write_text(
+        f"format: jb-book\nroot: {root}\nparts:\n  - caption: Part\n    chapters:\n"
+        "      - file: book/other\n"
+    )
+
+
 def test_a_failing_cell_fails_the_build_and_names_page_and_cell(tmp_path: pathlib.Path):
     book = tmp_path / "mini"
     (book / "book").mkdir(parents=True)
     for name in ("_config.yml", "references.bib"):
         shutil.copy(ROOT / name, book / name)
     shutil.copytree(ROOT / "book" / "_ext", book / "book" / "_ext")
-    (book / "_toc.yml").write_text("format: jb-book\nroot: book/broken\n")
+    shutil.copytree(ROOT / "_static", book / "_static")  # the logo, favicon and badge the config names
+    _one_part_toc(book, "book/broken")
     header = (ROOT / "book" / "notation.md").read_text().split("---")[1]
     (book / "book" / "broken.md").write_text(
         f"---{header}---\n# Broken\n\n```{{code-cell}} ipython3\nx = 1\n```\n\n"
@@ -120,3 +131,45 @@ def test_a_failing_cell_fails_the_build_and_names_page_and_cell(tmp_path: pathli
     assert "book/broken.md" in log  # the page
     assert 'raise ValueError("deliberate failure in cell 2")' in log  # the cell
     assert "ValueError: deliberate failure in cell 2" in log
+
+
+def test_cached_execution_reruns_a_page_when_the_code_it_imports_changes(tmp_path: pathlib.Path):
+    """jupyter-cache sees a page's code cells only; the extension also makes it see the package."""
+    book = tmp_path / "mini"
+    (book / "book").mkdir(parents=True)
+    (book / "lib").mkdir()
+    for name in ("_config.yml", "references.bib"):
+        shutil.copy(ROOT / name, book / name)
+    shutil.copytree(ROOT / "book" / "_ext", book / "book" / "_ext")
+    shutil.copytree(ROOT / "_static", book / "_static")  # the logo, favicon and badge the config names
+    config = (book / "_config.yml").read_text()
+    assert "execute_notebooks: cache" in config
+    (book / "_config.yml").write_text(config + "    course_execution_inputs: [lib]\n")
+    _one_part_toc(book, "book/page")
+    header = (ROOT / "book" / "notation.md").read_text().split("---")[1]
+    header = "\n".join(line for line in header.splitlines() if not line.startswith("lab:"))
+    page = book / "book" / "page.md"
+    code = 'import sys\nsys.path.insert(0, "../lib")\nimport value\nprint("VALUE", value.V)'
+    cell = f"```{{code-cell}} ipython3\n{code}\n```\n"
+    page.write_text(f"---{header}\n---\n# Page\n\nSome prose.\n\n{cell}")
+    (book / "lib" / "value.py").write_text("V = 1\n")
+    out = tmp_path / "out"
+
+    def build_and_read() -> tuple[str, str]:
+        done = build(book, out)
+        log = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
+        assert done.returncode == 0, log[-3000:]
+        html = (out / "_build" / "html" / "book" / "page.html").read_text()
+        return log, html
+
+    log, html = build_and_read()
+    assert "Executing notebook" in log and "VALUE 1" in html
+    page.write_text(page.read_text().replace("Some prose.", "Some other prose."))
+    log, html = (
+        build_and_read()
+    )  # prose edited: the page is read again, its outputs come from the cache
+    assert "Some other prose." in html and "VALUE 1" in html
+    assert "Executing notebook" not in log
+    (book / "lib" / "value.py").write_text("V = 2\n")
+    log, html = build_and_read()  # the imported code changed: the page runs again
+    assert "Executing notebook" in log and "VALUE 2" in html

@@ -159,3 +159,71 @@ def test_every_package_name_the_pages_and_labs_mention_exists():
         if not resolve(name)
     }
     assert not dead, sorted(dead)
+
+
+def _book_labels() -> set[str]:
+    return {
+        label
+        for page in (ROOT / "book").glob("*.md")
+        for label in re.findall(r"^:label: ([\w-]+)", page.read_text(), flags=re.M)
+    }
+
+
+def test_every_equation_label_a_docstring_names_exists_in_the_book():
+    """Docstrings say which equation they implement (``eq-...``); a renamed or dropped label must not
+    leave a docstring pointing nowhere."""
+    labels = _book_labels()
+    dead = {
+        (path.relative_to(ROOT).as_posix(), name)
+        for path in (ROOT / "src" / "transformer_course").rglob("*.py")
+        for name in re.findall(r"\b(eq-[a-z0-9]+(?:-[a-z0-9]+)*)", path.read_text())
+        if name not in labels
+    }
+    assert not dead, sorted(dead)
+
+
+def _prose(page: pathlib.Path) -> str:
+    """A page without its code cells, math blocks and front matter: the sentences a reader reads."""
+    text = page.read_text()
+    if text.startswith("---"):
+        text = text.split("---", 2)[2]
+    return re.sub(r"```\{(code-cell|math)\}.*?```", "", text, flags=re.S)
+
+
+def test_other_chapters_are_named_by_links_not_by_plain_text():
+    """A mention of another chapter is a `{doc}` link, so the strict build fails when it goes dead;
+    'a later chapter' or 'the chapter *Title*' in plain text would go dead silently."""
+    titles = {}
+    for page in (ROOT / "book").glob("*.md"):
+        first = next(ln for ln in _prose(page).splitlines() if ln.startswith("# "))
+        titles[page.stem] = first[2:].strip()
+    patterns = [
+        r"\b(a|the) (later|next|previous|last|earlier|final) chapter\b(?![^.\n]*\{doc\})",
+        r"\bthe chapter \*[^*]+\*",
+        r"\bchapter \d+\b(?![^.\n]*\{doc\})",
+    ]
+    bad = []
+    for page in sorted((ROOT / "book").glob("*.md")):
+        prose = _prose(page)
+        for pattern in patterns:
+            for m in re.finditer(pattern, prose, flags=re.I):
+                before = prose[max(0, m.start() - 60) : m.start()]
+                if "{cite" in before or "section" in before:  # a chapter of a cited book
+                    continue
+                bad.append((page.name, m.group(0)))
+        for stem, title in titles.items():
+            if stem != page.stem and f"*{title}*" in prose:
+                bad.append((page.name, f"*{title}* in italics instead of {{doc}}`{stem}`"))
+    assert not bad, bad
+
+
+def test_citation_file_agrees_with_the_project_and_gives_a_bibtex_entry():
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0" and citation["license"] == "MIT"
+    assert citation["repository-code"].rstrip("/") == project.repository_url()
+    meta = (ROOT / "pyproject.toml").read_text()
+    assert f'version = "{citation["version"]}"' in meta
+    assert re.search(rf'^Homepage = "{re.escape(citation["url"])}"$', meta, flags=re.M)
+    entry = project.bibtex(citation)
+    assert entry.startswith("@software{transformer_course2026,") and entry.endswith("}")
+    assert "title = {Transformers, equation by equation}" in entry

@@ -57,3 +57,25 @@ def colab_badge(path: str, ref: str = BRANCH) -> str:
 def install_spec(ref: str = BRANCH) -> str:
     """The pip requirement that installs this package from the repository at ``ref``."""
     return f"{DISTRIBUTION} @ git+{repository_url()}@{ref}"
+
+
+def bibtex(citation: dict) -> str:
+    """A BibTeX ``@software`` entry from the fields of ``CITATION.cff`` (parsed YAML), for the citation
+    page of the book."""
+    authors = " and ".join(
+        a.get("name") or f"{a.get('family-names', '')}, {a.get('given-names', '')}".strip(", ")
+        for a in citation["authors"]
+    )
+    year = str(citation.get("date-released", ""))[:4]
+    key = "transformer_course" + year
+    fields = {
+        "author": "{" + authors + "}",
+        "title": "{" + citation["title"] + "}",
+        "year": year,
+        "version": citation.get("version", ""),
+        "url": citation.get("url") or citation.get("repository-code", ""),
+        "note": f"Code: {citation['repository-code']}" if citation.get("repository-code") else "",
+    }
+    body = ",\n".join(f"  {k} = {{{v}}}" if k in ("version", "url", "note", "year") else f"  {k} = {v}"
+                       for k, v in fields.items() if v)  # fmt: skip
+    return f"@software{{{key},\n{body}\n}}"
