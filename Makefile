@@ -12,18 +12,25 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: book test venv lint format sync labs check-python bench ablate browser clean
+.PHONY: book test venv lint format sync labs check-python bench ablate browser clean lock
 
 check-python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: '$(PYTHON)' was not found. Install Python 3.10 or newer, or run: make PYTHON=/path/to/python3.x"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' || { echo "error: the course needs Python 3.10 or newer, but '$(PYTHON)' is $$($(PYTHON) -V 2>&1). Run: make PYTHON=/path/to/python3.10-or-newer"; exit 1; }
 
-$(STAMP): requirements.txt pyproject.toml | check-python
+# constraints.txt pins what `make test` last passed with (scripts/lock.py), for the Python it names;
+# another Python installs the newest versions that requirements.txt allows, with a note.
+LOCK_PYTHON := $(shell sed -n 's/^\# python: //p' constraints.txt 2>/dev/null)
+
+$(STAMP): requirements.txt pyproject.toml constraints.txt | check-python
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -r requirements.txt
-	$(BIN)/python -m pip install --quiet -e ".[bench]"  # the package and the benchmarks' extra; torch is kept
+	@if [ "$$($(BIN)/python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')" = "$(LOCK_PYTHON)" ]; then \
+	  echo "$(BIN)/python -m pip install -r requirements.txt -e .[bench] -c constraints.txt"; \
+	  $(BIN)/python -m pip install --quiet -r requirements.txt -e ".[bench]" -c constraints.txt; \
+	else echo "note: constraints.txt is for Python $(LOCK_PYTHON); installing the newest allowed versions"; \
+	  $(BIN)/python -m pip install --quiet -r requirements.txt -e ".[bench]"; fi
 	@touch $@
 
 venv: $(STAMP)  ## create .venv with everything the book and the tests need
@@ -76,6 +83,9 @@ ablate: $(STAMP)  ## the ViT recipe with each part left out (two seeds); read by
 	  out=bench/results/$(BENCH_DEVICE)/ablations/vit_digits-$$a-seed$$s; echo "== $$out"; \
 	  $(BIN)/python bench/vit_digits.py --device $(BENCH_DEVICE) --ablate $$a --seed $$s > $$out.log || exit 1; \
 	  tail -n 1 $$out.log > $$out.json; tail -n 1 $$out.log | cut -c1-160; done; done
+
+lock: $(STAMP)  ## after `make test` passed: record the versions it passed with in constraints.txt
+	$(BIN)/python scripts/lock.py
 
 clean:
 	rm -rf _build

@@ -4,8 +4,10 @@ agrees; every chapter has its page, lab, exercises, tests and module under one n
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -227,3 +229,89 @@ def test_citation_file_agrees_with_the_project_and_gives_a_bibtex_entry():
     entry = project.bibtex(citation)
     assert entry.startswith("@software{transformer_course2026,") and entry.endswith("}")
     assert "title = {Transformers, equation by equation}" in entry
+
+
+def test_the_lab_time_budget_fails_a_slow_lab(tmp_path: pathlib.Path):
+    """notebooks/conftest.py adds up each lab's cells under nbval and fails the run over budget."""
+    import nbformat
+
+    shutil.copy(ROOT / "notebooks" / "conftest.py", tmp_path / "conftest.py")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import time\ntime.sleep(0.5)")]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, tmp_path / "99_slow.ipynb")
+
+    def run(budget: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-q", "."],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "LAB_BUDGET_S": budget},
+        )
+
+    slow = run("0.2")
+    assert slow.returncode == 1 and "99_slow.ipynb   OVER BUDGET" in slow.stdout, slow.stdout
+    fine = run("60")
+    assert fine.returncode == 0 and "lab run times (budget 60 s each)" in fine.stdout, fine.stdout
+
+
+def test_a_lab_setup_cell_installs_the_package_and_keeps_the_runtime_torch(tmp_path: pathlib.Path):
+    """What the first cell of every lab does in Colab, here: a fresh environment that already has a
+    torch (this one's, seen through a .pth file, as Colab's preinstalled libraries are) gets the course
+    package from the local checkout in place of the git URL; torch must be neither installed nor
+    upgraded, and it must take seconds."""
+    import time
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import sync_labs
+
+    venv = tmp_path / "colab"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = pathlib.Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    runtime = tmp_path / "runtime"  # the "preinstalled" libraries: everything but the course
+    runtime.mkdir()
+    ours = pathlib.Path(torch.__file__).resolve().parents[1]
+    for entry in ours.iterdir():
+        if "transformer_course" not in entry.name.lower().replace("-", "_"):
+            (runtime / entry.name).symlink_to(entry)
+    (site / "runtime.pth").write_text(f"{runtime}\n")
+    probe = (
+        "import importlib.util, torch; "
+        "print(importlib.util.find_spec('transformer_course'), torch.__version__)"
+    )
+    before = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True)
+    assert before.stdout.split() == ["None", torch.__version__]
+
+    setup = sync_labs.setup_source().replace(project.install_spec(), str(ROOT))
+    assert str(ROOT) in setup and "git+" not in setup
+    t0 = time.perf_counter()
+    done = subprocess.run([python, "-c", setup], capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    assert done.returncode == 0, done.stderr[-2000:]
+    check = (
+        "import torch, transformer_course as tc; "
+        "print(torch.__version__, torch.__file__, tc.__file__, tc.language_models.GPT.__name__)"
+    )
+    after = subprocess.run([python, "-c", check], capture_output=True, text=True, check=True)
+    version, torch_file, tc_file, name = after.stdout.split()
+    assert version == torch.__version__ and torch_file.startswith(str(runtime)), after.stdout
+    assert tc_file.startswith(str(site)) and name == "GPT", (
+        after.stdout
+    )  # installed, not the source tree
+    assert not (site / "torch").exists(), "the setup cell installed a torch of its own"
+    assert seconds < 60, f"the setup cell took {seconds:.1f} s"
