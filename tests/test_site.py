@@ -16,8 +16,14 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from transformer_course import project
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
+PAGES = [TOC["root"]] + [c["file"] for part in TOC["parts"] for c in part["chapters"]]
+SCREENSHOTS = pathlib.Path(os.environ.get("COURSE_SCREENSHOTS", ROOT / "_build" / "screenshots"))
 
 pytestmark = pytest.mark.site
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -60,13 +66,12 @@ def browser():
         b.close()
 
 
-@pytest.fixture
-def page(browser, site):
-    """A page whose requests outside the local site are blocked and recorded."""
-    context = browser.new_context()
+def _open(browser, site, **context_options):
+    """A page in a new context whose requests outside the local site are blocked and recorded, and
+    whose JavaScript errors and console errors are recorded."""
+    context = browser.new_context(**context_options)
     page = context.new_page()
-    page.blocked = []
-    page.errors = []
+    page.blocked, page.errors = [], []
 
     def route(r):
         if r.request.url.startswith(site):
@@ -75,7 +80,28 @@ def page(browser, site):
         return r.abort()
 
     page.route("**/*", route)
-    page.on("pageerror", lambda err: page.errors.append(str(err)))
+    page.on("pageerror", lambda err: page.errors.append(f"page error: {err}"))
+    page.on(
+        "console",
+        lambda msg: (
+            page.errors.append(f"console {msg.type}: {msg.text}")
+            if msg.type in ("error", "warning") and "[PST]" not in msg.text
+            else None
+        ),
+    )
+    page.on(
+        "requestfailed",
+        lambda r: (
+            page.errors.append(f"failed request: {r.url}") if r.url.startswith(site) else None
+        ),
+    )
+    return context, page
+
+
+@pytest.fixture
+def page(browser, site):
+    """A page whose requests outside the local site are blocked and recorded."""
+    context, page = _open(browser, site)
     yield page
     context.close()
 
@@ -129,3 +155,97 @@ def test_lab_page_shows_its_outputs(page, site):
     assert "matches the reference on 3 random inputs" in text
     assert "off by a transpose" in text
     assert _needed(page.blocked) == []
+
+
+_CHECK_PAGE = """() => {
+    const main = document.querySelector("main") || document.body;
+    const prose = main.cloneNode(true);  // the reader's text: no code, no rendered math
+    prose.querySelectorAll("pre, code, mjx-container, script, style, .highlight").forEach(e => e.remove());
+    const images = [...document.images].map(i => ({src: i.src, ok: i.complete && i.naturalWidth > 0}));
+    return {
+        text: prose.innerText,
+        images: images,
+        mathErrors: document.querySelectorAll("mjx-merror, .MathJax_Error").length,
+        overflow: document.documentElement.scrollWidth - window.innerWidth,
+        copyButtons: document.querySelectorAll("button.copybtn").length,
+        codeBlocks: document.querySelectorAll("div.highlight pre").length,
+    };
+}"""
+
+
+def _visit(page, url: str) -> dict:
+    page.goto(url, wait_until="load")
+    page.wait_for_function("() => !window.MathJax || (MathJax.startup && MathJax.startup.promise)")
+    page.evaluate("() => window.MathJax ? MathJax.startup.promise : null")
+    page.wait_for_timeout(150)  # let late scripts (copy buttons, theme) finish
+    return page.evaluate(_CHECK_PAGE)
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_every_page_reads_offline_in_light_and_dark_mode_and_on_a_phone(browser, site, doc):
+    """First visit, later visit and dark mode at 1280 px, then a 390 px phone: no console error, every
+    image and script from the site, math rendered with no raw LaTeX left in the prose, copy buttons on
+    code, nothing wider than the screen. Screenshots go to $COURSE_SCREENSHOTS (CI uploads them)."""
+    import re
+
+    url = f"{site}/{doc}.html"
+    name = doc.replace("/", "-")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    context, page = _open(browser, site, viewport={"width": 1280, "height": 900})
+    first = _visit(page, url)  # a first visit: nothing in localStorage yet
+    later = _visit(page, url)  # a later visit: the theme mode is stored
+    page.screenshot(path=str(SCREENSHOTS / f"{name}-1280.png"), full_page=False)
+    errors, blocked = page.errors, page.blocked
+    context.close()
+    assert errors == [], errors
+    assert blocked == [], blocked
+    for result in (first, later):
+        assert all(image["ok"] for image in result["images"]), result["images"]
+        assert result["mathErrors"] == 0
+        raw = re.findall(r"\\[a-zA-Z]+\{|\$\$|\\\(|\\\[", result["text"])
+        assert raw == [], f"raw LaTeX in the text of {doc}: {raw[:5]}"
+        assert result["copyButtons"] >= result["codeBlocks"] > 0 or result["codeBlocks"] == 0
+
+    context, page = _open(
+        browser, site, viewport={"width": 1280, "height": 900}, color_scheme="dark"
+    )
+    dark = _visit(page, url)
+    theme = page.evaluate("() => document.documentElement.dataset.theme")
+    backgrounds = page.evaluate(
+        """() => [...document.querySelectorAll('.cell_output img')]
+                 .map(i => getComputedStyle(i).backgroundColor)"""
+    )
+    page.screenshot(path=str(SCREENSHOTS / f"{name}-1280-dark.png"), full_page=False)
+    errors = page.errors
+    context.close()
+    assert theme == "dark" and errors == [], errors
+    assert all(b == "rgb(255, 255, 255)" for b in backgrounds), backgrounds  # figures stay legible
+    assert dark["mathErrors"] == 0
+
+    context, page = _open(browser, site, viewport={"width": 390, "height": 844}, is_mobile=True)
+    phone = _visit(page, url)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}-390.png"), full_page=False)
+    errors = page.errors
+    context.close()
+    assert errors == [], errors
+    assert phone["overflow"] <= 1, f"{doc} is {phone['overflow']} px wider than a 390 px screen"
+
+
+def test_favicon_logo_footer_and_edit_links(page, site):
+    page.goto(f"{site}/book/notation.html", wait_until="load")
+    assert page.locator("link[rel='icon'][href$='favicon.svg']").count() == 1
+    assert page.locator("img.logo__image").count() >= 1
+    assert "MIT licence" in page.inner_text("footer")
+    edit = page.locator("a[href*='/edit/main/book/notation.md']")
+    assert edit.count() >= 1
+    page.goto(f"{site}/404.html", wait_until="load")
+    assert "not found" in page.inner_text("main").lower()
+
+
+def test_lab_badges_are_the_sites_own_images(page, site):
+    page.goto(f"{site}/notebooks/00_notation.html", wait_until="load")
+    badge = page.locator("img[alt='Open In Colab']")
+    assert badge.count() == 1 and badge.get_attribute("src").endswith("_static/colab-badge.svg")
+    assert badge.evaluate("img => img.naturalWidth") > 0
+    href = page.locator("a:has(img[alt='Open In Colab'])").get_attribute("href")
+    assert href == project.colab_url("notebooks/00_notation.ipynb")
