@@ -271,3 +271,25 @@ def test_convolution_matrix_agrees_with_the_package():
         torch.testing.assert_close(
             ex.solution(kernel, N), attention.convolution_as_attention(kernel, N), atol=0, rtol=0
         )
+
+
+def test_contraction_coefficient_by_loop_and_bound(gen):
+    # book eq. eq-avg-contraction: tau(A) = 1 - min_{n,n'} sum_m min(a_nm, a_n'm) bounds the spread
+    from transformer_course.attention import contraction_coefficient
+
+    for N, M in [(2, 3), (5, 5), (7, 4)]:
+        A = torch.softmax(3 * torch.randn(N, M, generator=gen, dtype=torch.float64), dim=-1)
+        by_loop = 1 - min(
+            sum(min(A[n, m], A[k, m]) for m in range(M)) for n in range(N) for k in range(N)
+        )
+        tau = contraction_coefficient(A)
+        assert abs(tau.item() - float(by_loop)) < 1e-12 and 0 < tau < 1
+        X = torch.randn(M, 3, generator=gen, dtype=torch.float64)
+        spread = lambda Z: Z.max(dim=0).values - Z.min(dim=0).values  # noqa: E731
+        assert (spread(A @ X) <= tau * spread(X) + 1e-12).all()
+    batch = torch.softmax(torch.randn(4, 3, 3, generator=gen, dtype=torch.float64), dim=-1)
+    assert contraction_coefficient(batch).shape == (4,)
+    assert contraction_coefficient(torch.eye(3)) == 1  # rows share nothing: no contraction
+    assert contraction_coefficient(torch.full((3, 4), 0.25)) == 0  # equal rows: one point
+    with pytest.raises(ValueError, match="negative weights"):
+        contraction_coefficient(torch.tensor([[1.5, -0.5], [0.0, 1.0]]))

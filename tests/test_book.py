@@ -118,7 +118,9 @@ def test_a_failing_cell_fails_the_build_and_names_page_and_cell(tmp_path: pathli
     for name in ("_config.yml", "references.bib"):
         shutil.copy(ROOT / name, book / name)
     shutil.copytree(ROOT / "book" / "_ext", book / "book" / "_ext")
-    shutil.copytree(ROOT / "_static", book / "_static")  # the logo, favicon and badge the config names
+    shutil.copytree(
+        ROOT / "_static", book / "_static"
+    )  # the logo, favicon and badge the config names
     _one_part_toc(book, "book/broken")
     header = (ROOT / "book" / "notation.md").read_text().split("---")[1]
     (book / "book" / "broken.md").write_text(
@@ -141,7 +143,9 @@ def test_cached_execution_reruns_a_page_when_the_code_it_imports_changes(tmp_pat
     for name in ("_config.yml", "references.bib"):
         shutil.copy(ROOT / name, book / name)
     shutil.copytree(ROOT / "book" / "_ext", book / "book" / "_ext")
-    shutil.copytree(ROOT / "_static", book / "_static")  # the logo, favicon and badge the config names
+    shutil.copytree(
+        ROOT / "_static", book / "_static"
+    )  # the logo, favicon and badge the config names
     config = (book / "_config.yml").read_text()
     assert "execute_notebooks: cache" in config
     (book / "_config.yml").write_text(config + "    course_execution_inputs: [lib]\n")

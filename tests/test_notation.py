@@ -67,3 +67,25 @@ def test_turner_multi_head_equals_concat_form(D, H, N, gen):
     Y_cols = turner_multi_head_self_attention(X.T, U_q, U_k, V)
     Y = multi_head_attention_reference(X, W_q, W_k, W_v, W_o, H)
     torch.testing.assert_close(Y_cols.T, Y, atol=1e-10, rtol=0)
+
+
+def test_column_form_takes_one_sequence_and_says_so():
+    # book/notation.md: Turner's functions take one D x N sequence; the row-form functions take
+    # (..., N, D) and give each sequence the same answer as on its own.
+    X_cols = torch.randn(2, 4, 5, dtype=torch.float64)  # a batch (B, D, N): not accepted
+    U = torch.randn(3, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="D x N"):
+        turner_attention(X_cols, U, U)
+    with pytest.raises(ValueError, match="D x N"):
+        turner_self_attention(X_cols, U, U, U)
+    X = torch.randn(2, 3, 5, 4, dtype=torch.float64)  # (..., N, D) with two leading dimensions
+    W = torch.randn(4, 3, dtype=torch.float64)
+    Y = single_head(X, W, W, W)
+    for i in range(2):
+        for j in range(3):
+            torch.testing.assert_close(
+                Y[i, j],
+                columns_to_rows(turner_self_attention(rows_to_columns(X[i, j]), W.T, W.T, W.T)),
+                atol=1e-12,
+                rtol=0,
+            )

@@ -190,6 +190,37 @@ def test_bad_shapes_are_named(shapes, match, fn):
         fn(Q, K, V)
 
 
+@pytest.mark.parametrize("fn", [single_head, single_head_reference])
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_padding_gives_each_sequence_its_own_answer(fn, causal, gen):
+    # book eq. eq-sa-padding: with mask[b, n, m] = m < N_b the real rows of a padded batch equal the
+    # sequences run one by one, whatever the placeholders hold.
+    D, lengths = 4, [3, 5, 1]
+    N = max(lengths)
+    W_q, W_k, W_v = (torch.randn(D, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    seqs = [torch.randn(n_b, D, generator=gen, dtype=torch.float64) for n_b in lengths]
+    real = torch.arange(N)[None, :] < torch.tensor(lengths)[:, None]  # (B, N)
+    mask = real[:, None, :].expand(len(lengths), N, N)
+    if causal:
+        mask = mask & tc.self_attention.causal_mask(N)
+    outputs = []
+    for scale in (1.0, 1000.0):  # two fillings of the padded positions
+        X = torch.stack(
+            [
+                torch.cat(
+                    [x, scale * torch.randn(N - len(x), D, generator=gen, dtype=torch.float64)]
+                )
+                for x in seqs
+            ]
+        )
+        outputs.append(fn(X, W_q, W_k, W_v, mask))
+    for b, x in enumerate(seqs):
+        alone_mask = tc.self_attention.causal_mask(len(x)) if causal else None
+        alone = loop_attention(x @ W_q, x @ W_k, x @ W_v, alone_mask)
+        torch.testing.assert_close(outputs[0][b, : len(x)], alone, **TOL[torch.float64])
+    torch.testing.assert_close(outputs[0][real], outputs[1][real], **TOL[torch.float64])
+
+
 def test_bad_masks_are_explained():
     Q, K, V = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5, 2)
     with pytest.raises(

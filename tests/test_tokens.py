@@ -334,7 +334,7 @@ def test_embedding_errors():
 
     E = torch.zeros(5, 2)
     for fn in (embedding, embedding_reference):
-        with pytest.raises(ValueError, match=r"token id 5 is outside the vocabulary: E has V=5"):
+        with pytest.raises(ValueError, match=r"id 5 is outside the vocabulary: E has 5 rows"):
             fn(torch.tensor([0, 5]), E)
         with pytest.raises(ValueError, match=r"token id -1 is outside"):
             fn(torch.tensor([-1]), E)
@@ -342,7 +342,7 @@ def test_embedding_errors():
             fn(torch.tensor([1.0]), E)
         with pytest.raises(TypeError, match=r"torch.tensor\(ids\)"):
             fn([1, 2], E)
-        with pytest.raises(ValueError, match=r"must be 2-D, \(V, D\)"):
+        with pytest.raises(ValueError, match=r"must be 2-D, \(vocab_size, D\)"):
             fn(torch.tensor([1]), torch.zeros(5))
 
 

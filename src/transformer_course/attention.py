@@ -8,10 +8,10 @@ Convention: rows are tokens. A sequence ``X`` is ``(..., N, D)``; an attention m
 ``(N, N)`` with row ``n`` holding the weights of output token ``n`` (``A[n, m]`` is how much output
 ``n`` takes from input ``m``), so that ``Y = A @ X``.
 
-A 1-D convolution layer of a CNN (``torch.nn.functional.conv1d``) computes, with ``K`` taps and the
-kernel's centre at tap ``c = (K - 1) // 2``,
+A 1-D convolution layer of a CNN (``torch.nn.functional.conv1d``) computes, with ``J`` taps and the
+kernel's centre at tap ``c = (J - 1) // 2``,
 
-.. math:: y_n = \\sum_{j=0}^{K-1} k_j \\, x_{n + j - c},
+.. math:: y_n = \\sum_{j=0}^{J-1} k_j \\, x_{n + j - c},
 
 which is a *cross-correlation* (no kernel flip), as in every deep-learning library. Written as
 attention it is ``Y = A X`` with the Toeplitz matrix ``A[n, m] = k[m - n + c]`` (zero outside the
@@ -31,6 +31,7 @@ from torch import Tensor
 __all__ = [
     "PADDINGS",
     "constraint_violations",
+    "contraction_coefficient",
     "convolution_as_attention",
     "convolve_tokens",
     "moving_average_kernel",
@@ -56,32 +57,32 @@ def _as_kernel(kernel: Tensor | Sequence[float]) -> Tensor:
         )
     if kernel.dim() != 1:
         hint = (
-            "; a conv1d weight of shape (out, in, K) holds several kernels: pass one, weight[o, i]"
+            "; a conv1d weight of shape (out, in, J) holds several kernels: pass one, weight[o, i]"
             if kernel.dim() == 3
             else ""
         )
-        raise ValueError(f"kernel must be 1-D with K taps, got shape {tuple(kernel.shape)}{hint}")
+        raise ValueError(f"kernel must be 1-D with J taps, got shape {tuple(kernel.shape)}{hint}")
     if kernel.numel() == 0:
-        raise ValueError("kernel is empty; a convolution needs at least one tap (K >= 1)")
+        raise ValueError("kernel is empty; a convolution needs at least one tap (J >= 1)")
     return kernel
 
 
-def _check_size(K: int, N: int, padding: str) -> None:
+def _check_size(J: int, N: int, padding: str) -> None:
     if isinstance(N, bool) or not isinstance(N, int):
         raise TypeError(f"N (the number of tokens) must be an int, got {type(N).__name__}")
     if N < 1:
         raise ValueError(f"N (the number of tokens) must be at least 1, got {N}")
     if padding not in PADDINGS:
         raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
-    if padding == "zeros" and K > 2 * N - 1:
+    if padding == "zeros" and J > 2 * N - 1:
         raise ValueError(
-            f"the kernel has K={K} taps but N={N} tokens only have 2N-1={2 * N - 1} relative "
+            f"the kernel has J={J} taps but N={N} tokens only have 2N-1={2 * N - 1} relative "
             f"offsets (-{N - 1}..{N - 1}); taps beyond them would never touch the sequence. "
             f"Use at most {2 * N - 1} taps or a longer sequence."
         )
-    if padding == "circular" and K > N:
+    if padding == "circular" and J > N:
         raise ValueError(
-            f"circular padding wraps the sequence around once, so the kernel (K={K} taps) may be "
+            f"circular padding wraps the sequence around once, so the kernel (J={J} taps) may be "
             f"at most as long as the sequence (N={N} tokens)"
         )
 
@@ -91,11 +92,11 @@ def convolution_as_attention(
 ) -> Tensor:
     r"""The ``(N, N)`` attention matrix of a 1-D convolution, book eq. ``eq-avg-toeplitz``.
 
-    .. math:: A_{nm} = k_{m - n + c}, \qquad c = \lfloor (K-1)/2 \rfloor,
+    .. math:: A_{nm} = k_{m - n + c}, \qquad c = \lfloor (J-1)/2 \rfloor,
 
-    and ``A[n, m] = 0`` where ``m - n + c`` is not a tap ``0..K-1``. Then ``A @ X`` equals
+    and ``A[n, m] = 0`` where ``m - n + c`` is not a tap ``0..J-1``. Then ``A @ X`` equals
     ``F.conv1d`` of every column of ``X`` with ``kernel`` and ``padding="same"`` (a
-    cross-correlation: the kernel is *not* flipped). For an even ``K`` the centre is the left one of
+    cross-correlation: the kernel is *not* flipped). For an even ``J`` the centre is the left one of
     the two middle taps, so output ``n`` reads inputs ``n - c .. n + c + 1``, exactly as PyTorch
     pads for ``"same"`` (one more zero on the right).
 
@@ -103,7 +104,7 @@ def convolution_as_attention(
     this as :math:`A_{n',n} = A_{n'-n}` in his column form, whose matrix is the transpose of ours.
 
     Args:
-        kernel: the ``K`` taps ``k_0 .. k_{K-1}`` (a 1-D floating tensor or a list of numbers); the
+        kernel: the ``J`` taps ``k_0 .. k_{J-1}`` (a 1-D floating tensor or a list of numbers); the
             result has its dtype and device.
         N: the number of tokens.
         padding: what lies beyond the ends: ``"zeros"`` (rows near the ends lose the taps that fall
@@ -121,13 +122,13 @@ def convolution_as_attention(
             or more than ``N`` taps with circular padding.
     """
     kernel = _as_kernel(kernel)
-    K = kernel.numel()
-    _check_size(K, N, padding)
-    c = (K - 1) // 2
+    J = kernel.numel()
+    _check_size(J, N, padding)
+    c = (J - 1) // 2
     n = torch.arange(N, device=kernel.device)[:, None]  # (N, 1) output positions
-    j = torch.arange(K, device=kernel.device)[None, :]  # (1, K) taps
-    p = n + j - c  # (N, K): the input position that tap j of output n reads
-    w = kernel.expand(N, K)  # (N, K): the weight it reads with
+    j = torch.arange(J, device=kernel.device)[None, :]  # (1, J) taps
+    p = n + j - c  # (N, J): the input position that tap j of output n reads
+    w = kernel.expand(N, J)  # (N, J): the weight it reads with
     if padding == "zeros":
         w = w * ((p >= 0) & (p < N))  # taps that fall off the sequence read zeros
         p = p.clamp(0, N - 1)  # (their weight is 0, so any valid index will do)
@@ -148,7 +149,7 @@ def convolve_tokens(X: Tensor, kernel: Tensor | Sequence[float], padding: str = 
 
     Args:
         X: tokens ``(..., N, D)``, one per row.
-        kernel: ``K`` taps, as in :func:`convolution_as_attention`.
+        kernel: ``J`` taps, as in :func:`convolution_as_attention`.
         padding: ``"zeros"``, ``"circular"`` or ``"replicate"``.
 
     Returns:
@@ -169,13 +170,13 @@ def convolve_tokens(X: Tensor, kernel: Tensor | Sequence[float], padding: str = 
             f"X has dtype {X.dtype} but the kernel has {kernel.dtype}; cast one with .to()"
         )
     *lead, N, D = X.shape
-    K = kernel.numel()
-    _check_size(K, N, padding)
-    c = (K - 1) // 2
+    J = kernel.numel()
+    _check_size(J, N, padding)
+    c = (J - 1) // 2
     x = X.transpose(-2, -1).reshape(-1, 1, N)  # (B*D, 1, N): one channel per feature column
     mode = {"zeros": "constant", "circular": "circular", "replicate": "replicate"}[padding]
-    x = F.pad(x, (c, K - 1 - c), mode=mode)  # (B*D, 1, N + K - 1)
-    y = F.conv1d(x, kernel.view(1, 1, K))  # (B*D, 1, N)
+    x = F.pad(x, (c, J - 1 - c), mode=mode)  # (B*D, 1, N + J - 1)
+    y = F.conv1d(x, kernel.view(1, 1, J))  # (B*D, 1, N)
     return y.reshape(*lead, D, N).transpose(-2, -1)  # (..., N, D)
 
 
@@ -225,3 +226,34 @@ def constraint_violations(A: Tensor, atol: float = 1e-6) -> list[str]:
             f"{float(row_sums.min()):.4g} to {float(row_sums.max()):.4g})"
         )
     return problems
+
+
+def contraction_coefficient(A: Tensor) -> Tensor:
+    r"""Dobrushin's coefficient of ergodicity of attention weights, book eq. ``eq-avg-contraction``.
+
+    .. math:: \tau(A) = 1 - \min_{n, n'} \sum_m \min(a_{nm}, a_{n'm})
+
+    For weights that satisfy eq. ``eq-avg-constraints`` (rows non-negative, summing to one) it lies in
+    ``[0, 1]`` and bounds how much ``Y = A X`` shrinks the range of every feature over the tokens:
+    ``max_n y_nd - min_n y_nd <= tau(A) (max_m x_md - min_m x_md)`` (Seneta 2006). A softmax
+    makes every weight positive, so ``tau(A) < 1``: repeated averaging pulls the tokens together.
+
+    Args:
+        A: weights ``(..., N, M)``, rows are outputs.
+
+    Returns:
+        ``tau`` of shape ``(...)``: one coefficient per matrix. It is ``0`` when all rows are equal
+        and ``1`` when two rows share no input (e.g. the identity matrix with ``N >= 2``).
+
+    Raises:
+        ValueError: if ``A`` is not ``(..., N, M)`` or breaks the constraints (the bound needs them;
+            :func:`constraint_violations` says which).
+    """
+    problems = constraint_violations(A)
+    if problems:
+        raise ValueError(
+            "contraction_coefficient needs valid attention weights (rows >= 0, summing to one): "
+            + "; ".join(problems)
+        )
+    overlap = torch.minimum(A[..., :, None, :], A[..., None, :, :]).sum(dim=-1)  # (..., N, N)
+    return 1 - overlap.amin(dim=(-2, -1))

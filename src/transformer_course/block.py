@@ -194,8 +194,9 @@ class PreNormBlock(_Block):
 
 
 class TransformerStack(nn.Module):
-    r"""``M`` blocks applied in turn, book eq. ``eq-block-stack``:
-    :math:`X^{(m)} = \mathrm{block}_m(X^{(m-1)})`, then a final LayerNorm when the blocks need one.
+    r"""``L`` blocks applied in turn, book eq. ``eq-block-stack``:
+    :math:`X^{(\ell)} = \mathrm{block}_\ell(X^{(\ell-1)})`, then a final LayerNorm when the blocks need
+    one.
 
     Pre-norm stacks end with a final LayerNorm (the residual stream is never normalised otherwise), as
     in GPT-2 and ``nn.TransformerEncoder(norm=LayerNorm)``; post-norm stacks need none. The block class
@@ -204,7 +205,7 @@ class TransformerStack(nn.Module):
 
     Args:
         block: ``PreNormBlock`` or ``PostNormBlock`` (the class).
-        n_layers: ``M``; the other keyword arguments (``d_ff``, ``activation``, ``dropout``, ``eps``,
+        n_layers: ``L``; the other keyword arguments (``d_ff``, ``activation``, ``dropout``, ``eps``,
             ``causal``) go to each block.
     """
 
@@ -223,6 +224,6 @@ class TransformerStack(nn.Module):
             raise ValueError(
                 f"{len(caches)} caches for {len(self.blocks)} blocks; pass one per block"
             )
-        for m, block in enumerate(self.blocks):
-            X = block(X, mask, None if caches is None else caches[m])  # (B, N, D)
+        for ell, block in enumerate(self.blocks):
+            X = block(X, mask, None if caches is None else caches[ell])  # (B, N, D)
         return self.final_norm(X)

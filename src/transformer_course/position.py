@@ -2,7 +2,9 @@
 
 Chapter: *Position* (Turner 2023 sec. 3 and footnote 19; Bishop & Bishop 2024 sec. 2.14 and exercises
 7-10; MIT 6.390 sec. 9.5.1). Rows are positions: an encoding ``R`` is ``(N, D)`` and row ``n`` is added
-to (or concatenated with) token ``n``.
+to (or concatenated with) token ``n``. The argument ``L`` of the sinusoidal functions is the base
+:math:`b` of the frequencies (Bishop's letter is ``L``; the book writes :math:`b`, keeping :math:`L` for
+the number of layers); Vaswani et al. use ``10000``.
 """
 
 from __future__ import annotations
@@ -24,14 +26,22 @@ def sinusoidal_encoding(
     r"""Sinusoidal position encoding, book eq. ``eq-pos-sinusoid`` (Vaswani et al. 2017; Bishop eq. 25).
 
     .. math:: R_{n,2k} = \sin(\omega_k n),\qquad R_{n,2k+1} = \cos(\omega_k n),\qquad
-              \omega_k = L^{-2k/D}
+              \omega_k = b^{-2k/D}
 
-    Bishop writes :math:`\sin(n / L^{i/D})` for even ``i`` and :math:`\cos(n/L^{(i-1)/D})` for odd ``i``:
-    the same numbers once ``i = 2k``. Vaswani et al. use ``L = 10000``; Bishop's figure 10 uses ``L = 30``.
-    Positions ``n`` run from 0. For odd ``D`` the last column is a sine.
+    Bishop writes :math:`\sin(n / L^{i/D})` for even ``i`` and :math:`\cos(n/L^{(i-1)/D})` for odd ``i``,
+    with his ``L`` for the base: the same numbers once ``i = 2k``. Vaswani et al. use ``b = 10000``;
+    Bishop's figure 10 uses ``b = 30``. Positions ``n`` and columns run from 0. For odd ``D`` the last
+    column is a sine.
+
+    Args:
+        N: positions; D: width of the code.
+        L: the base :math:`b` of the frequencies (must be > 1).
 
     Returns:
         ``R`` of shape ``(N, D)``.
+
+    Raises:
+        ValueError: for ``N < 0``, ``D < 1`` or a base ``L <= 1``.
     """
     if N < 0 or D < 1:
         raise ValueError(f"need N >= 0 positions and D >= 1 features, got N={N}, D={D}")
@@ -48,34 +58,37 @@ def sinusoidal_encoding(
 def relative_shift_matrix(
     k: int, D: int, L: float = 10_000.0, device: torch.device | str | None = None, dtype=None
 ) -> Tensor:
-    r"""The matrix :math:`M_k` with :math:`\mathbf{r}_{n+k} = M_k \mathbf{r}_n` for every ``n``, book eq.
-    ``eq-pos-shift`` (Bishop exercise 10).
+    r"""The matrix :math:`\Phi_k` with :math:`\mathbf{r}_{n+k} = \Phi_k \mathbf{r}_n` for every ``n``, book
+    eq. ``eq-pos-shift`` (Bishop exercise 10).
 
-    :math:`M_k` is block diagonal with one 2x2 rotation per frequency,
+    :math:`\Phi_k` (``D x D``) is block diagonal with one 2x2 rotation per frequency,
 
     .. math:: \begin{bmatrix}\sin\omega(n+k)\\ \cos\omega(n+k)\end{bmatrix} =
               \begin{bmatrix}\cos\omega k & \sin\omega k\\ -\sin\omega k & \cos\omega k\end{bmatrix}
               \begin{bmatrix}\sin\omega n\\ \cos\omega n\end{bmatrix},
 
-    so it depends on the offset ``k`` but not on ``n``. In the row form, ``R[n + k] = R[n] @ M_k.T``.
-    ``D`` must be even: a lone sine column has no partner to rotate with.
+    so it depends on the offset ``k`` but not on ``n``. In the row form, ``R[n + k] = R[n] @ Phi_k.T``.
+    ``L`` is the base :math:`b`, as in :func:`sinusoidal_encoding`. ``D`` must be even (``ValueError``
+    otherwise): a lone sine column has no partner to rotate with. The result is float64 unless
+    ``dtype`` says otherwise.
     """
     if D % 2:
         raise ValueError(f"the shift matrix needs an even D (sine/cosine pairs), got D={D}")
     omega = _frequencies(D, L, device, dtype or torch.float64)  # (D/2,)
     c, s = torch.cos(omega * k), torch.sin(omega * k)
-    M = torch.zeros(D, D, device=device, dtype=dtype or torch.float64)
+    Phi = torch.zeros(D, D, device=device, dtype=dtype or torch.float64)
     idx = torch.arange(0, D, 2, device=device)
-    M[idx, idx], M[idx, idx + 1] = c, s
-    M[idx + 1, idx], M[idx + 1, idx + 1] = -s, c
-    return M
+    Phi[idx, idx], Phi[idx, idx + 1] = c, s
+    Phi[idx + 1, idx], Phi[idx + 1, idx + 1] = -s, c
+    return Phi
 
 
 class LearnedPositionalEmbedding(nn.Module):
-    """A learned vector per position, ``R = E[0:N]`` (Bishop sec. 2.14.4; GPT, BERT, ViT).
+    """A learned vector per position, book eq. ``eq-pos-learned`` (Bishop sec. 2.14.4; GPT, BERT, ViT).
 
-    ``forward(X)`` adds row ``n`` of the table to token ``n`` of ``X`` ``(B, N, D)``. Sequences longer
-    than ``max_len`` raise ``ValueError``: a learned table has no row for an unseen position.
+    The table ``R`` (``table.weight``) has ``C = max_len`` rows of width ``D = d_model``; ``forward(X)``
+    adds its rows ``0 .. N-1`` to the tokens ``X`` ``(B, N, D)``. Sequences longer than ``max_len``
+    raise ``ValueError``: a learned table has no row for an unseen position.
     """
 
     def __init__(self, max_len: int, d_model: int) -> None:

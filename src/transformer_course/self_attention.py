@@ -1,7 +1,7 @@
 """Self-attention: scores, the softmax, scaled dot-product attention, masks and the single-head layer.
 
 Chapter: *Self-attention* (Bishop & Bishop 2024 sec. 2.8-2.10 and Algorithm 1; Turner 2023 eq. 3;
-MIT 6.390 sec. 9.3-9.4.1); *Notation and conventions* previews the single-head form. Convention:
+MIT 6.390 sec. 9.3-9.4.1 and 9.5.2); *Notation and conventions* previews the single-head form. Convention:
 rows are tokens. Queries ``Q`` are ``(..., N, d_k)``, keys ``K`` are ``(..., M, d_k)``, values ``V`` are
 ``(..., M, d_v)``; scores ``S`` and weights ``A`` are ``(..., N, M)`` and each row of ``A`` sums to
 one.
@@ -258,7 +258,9 @@ def single_head_reference(
         X: tokens ``(..., N, D)``, one token per row.
         W_q: ``(D, d_k)``; W_k: ``(D, d_k)``; W_v: ``(D, d_v)``. (``nn.Linear`` stores the transpose,
             ``(out, in)``, and computes ``x @ weight.T``.)
-        mask: optional bool ``(N, N)`` or ``(..., N, N)``.
+        mask: optional bool ``(N, N)`` or ``(..., N, N)``, ``True`` = may attend: a causal mask, a
+            key-padding mask ``mask[b, n, m] = m < N_b`` for a batch padded to a common length
+            (book eq. ``eq-sa-padding``), or both combined with ``&``.
 
     Returns:
         ``Y`` of shape ``(..., N, d_v)``.

@@ -9,11 +9,12 @@ turns data into tokens three ways:
 * :class:`BPETokenizer`: byte-pair encoding (Sennrich et al. 2016) on UTF-8 bytes, so every string
   can be encoded and there is no "unknown character".
 * :func:`embedding` and :func:`embedding_reference`: token ids to vectors, a row lookup in an
-  embedding matrix ``E`` (``V x D``), equal to one-hot vectors times ``E`` (``eq-tok-onehot``).
+  embedding matrix ``E`` (``|V| x D``, ``|V|`` the vocabulary size), equal to one-hot vectors times
+  ``E`` (``eq-tok-onehot``).
 * :func:`patchify` and :class:`PatchEmbedding`: an image cut into ``P x P`` patches, each flattened
-  and mapped linearly to a ``d_model`` vector, ``x_n = W vec(patch_n)`` (Turner 2023, fig. 2;
-  Dosovitskiy et al. 2021). Convention: rows are tokens, so a batch of images becomes
-  ``(B, N, d_model)``.
+  (the rows ``p_n`` of the book's ``X_pix``) and mapped linearly to a ``d_model`` vector,
+  ``x_n = W_p p_n + b`` (Turner 2023, fig. 2, where the map is ``W``; Dosovitskiy et al. 2021).
+  Convention: rows are tokens, so a batch of images becomes ``(B, N, d_model)``.
 """
 
 from __future__ import annotations
@@ -375,13 +376,15 @@ def _check_embedding_args(ids: Tensor, E: Tensor) -> None:
         )
     if E.dim() != 2:
         raise ValueError(
-            f"E has shape {_shape(E)}; the embedding matrix must be 2-D, (V, D): one row per token"
+            f"E has shape {_shape(E)}; the embedding matrix must be 2-D, (vocab_size, D): one row "
+            "per token"
         )
     V = E.shape[0]
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
         bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
         raise ValueError(
-            f"token id {bad} is outside the vocabulary: E has V={V} rows, so ids run from 0 to "
+            f"token id {bad} is outside the vocabulary: E has {V} rows (vocab_size={V}), so ids run "
+            f"from 0 to "
             f"{V - 1}"
         )
 
@@ -389,26 +392,26 @@ def _check_embedding_args(ids: Tensor, E: Tensor) -> None:
 def embedding_reference(ids: Tensor, E: Tensor) -> Tensor:
     r"""Embed token ids as one-hot vectors times the embedding matrix, term by term.
 
-    .. math:: X^{(0)} = O E, \qquad O_{nv} = [s_n = v], \quad O \in \{0,1\}^{N\times V},
-              \quad E \in \mathbb{R}^{V\times D}
+    .. math:: X^{(0)} = O E, \qquad O_{nv} = [s_n = v], \quad O \in \{0,1\}^{N\times |\mathcal{V}|},
+              \quad E \in \mathbb{R}^{|\mathcal{V}|\times D}
 
     (eq. ``eq-tok-onehot``.) Row ``n`` of ``O`` is the one-hot vector of token ``s_n``, so row ``n``
     of the product is row ``s_n`` of ``E``: see :func:`embedding`, which returns the same numbers.
 
     Args:
-        ids: integer ids of any shape ``(...)``, each in ``0 .. V-1``.
-        E: ``(V, D)``, one row per vocabulary entry.
+        ids: integer ids of any shape ``(...)``, each in ``0 .. vocab_size - 1``.
+        E: ``(vocab_size, D)``, one row per vocabulary entry (the book's :math:`|\mathcal{V}|\times D`).
 
     Returns:
         ``(..., D)``, in ``E``'s dtype and device.
 
     Raises:
         TypeError: if ``ids`` is not an integer tensor.
-        ValueError: if ``E`` is not 2-D or an id is outside ``0 .. V-1``.
+        ValueError: if ``E`` is not 2-D or an id is outside ``0 .. vocab_size - 1``.
     """
     _check_embedding_args(ids, E)
     O = torch.nn.functional.one_hot(ids.long(), E.shape[0]).to(E.dtype)  # (..., V)
-    return O @ E  # (..., V) @ (V, D) -> (..., D)
+    return O @ E  # (..., |V|) @ (|V|, D) -> (..., D)
 
 
 def embedding(ids: Tensor, E: Tensor) -> Tensor:
@@ -420,7 +423,7 @@ def embedding(ids: Tensor, E: Tensor) -> Tensor:
 
     Raises:
         TypeError: if ``ids`` is not an integer tensor.
-        ValueError: if ``E`` is not 2-D or an id is outside ``0 .. V-1``.
+        ValueError: if ``E`` is not 2-D or an id is outside ``0 .. vocab_size - 1``.
     """
     _check_embedding_args(ids, E)
     return torch.nn.functional.embedding(ids.long(), E)  # (..., D)
@@ -501,21 +504,22 @@ def _overlapping_patches(images: Tensor, P: int, S: int) -> Tensor:
 def patchify_1d(series: Tensor, window: int) -> Tensor:
     """Cut sequences of vectors into non-overlapping windows and flatten each: 1-D patches.
 
-    The time-series analogue of :func:`patchify`: ``C`` channels over ``T`` time steps become
-    ``N = T / L`` tokens, token ``n`` holding steps ``n L .. n L + L - 1`` of every channel.
+    The time-series analogue of :func:`patchify` (book eq. ``eq-tok-linear``): ``C`` channels
+    (the book's :math:`C_\text{in}`) over ``T`` time steps become ``N = T / P`` tokens, token ``n``
+    holding steps ``n P .. n P + P - 1`` of every channel; the window ``P`` is a one-dimensional patch.
 
     Args:
-        series: ``(B, C, T)``, ``T`` a multiple of ``L``.
-        window: ``L``, the number of time steps per token.
+        series: ``(B, C, T)``, ``T`` a multiple of ``P``.
+        window: ``P``, the number of time steps per token.
 
     Returns:
-        ``(B, N, C*L)``; each window is flattened in ``(C, L)`` order, channel first, then time
-        (the layout of a ``Conv1d`` weight, so ``Conv1d(C, D, kernel_size=L, stride=L)`` with copied
+        ``(B, N, C*P)``; each window is flattened in ``(C, P)`` order, channel first, then time
+        (the layout of a ``Conv1d`` weight, so ``Conv1d(C, D, kernel_size=P, stride=P)`` with copied
         weights equals a linear map of these rows).
 
     Raises:
         ValueError: for a 2-D series (add the batch dimension with ``unsqueeze(0)``), any other
-            number of dimensions, or ``T`` not divisible by ``L``.
+            number of dimensions, or ``T`` not divisible by ``P``.
     """
     L = _check_patch_size(window, "window")
     if not isinstance(series, Tensor):

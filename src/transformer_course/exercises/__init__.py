@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -176,7 +177,9 @@ class Exercise:
         if got.dim() >= 2 and got.shape == got.mT.shape and _close(got.mT, expected, self):
             return "off by a transpose: the values are right once transposed."
         err = (got.double() - expected.double()).abs()  # also for bool or integer answers
-        idx = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+        idx = tuple(
+            int(i) for i in np.unravel_index(int(err.argmax()), tuple(err.shape))
+        )  # torch>=2.1
         return (
             f"values differ from the reference: largest error {err.max():.3g} at index {idx} "
             f"(you: {got[idx]:.6g}, expected: {expected[idx]:.6g}; tolerance {self.atol:g})."
