@@ -178,7 +178,7 @@ def test_every_equation_label_a_docstring_names_exists_in_the_book():
     dead = {
         (path.relative_to(ROOT).as_posix(), name)
         for path in (ROOT / "src" / "transformer_course").rglob("*.py")
-        for name in re.findall(r"\b(eq-[a-z0-9]+(?:-[a-z0-9]+)*)", path.read_text())
+        for name in re.findall(r"\b(eq-[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*)", path.read_text())
         if name not in labels
     }
     assert not dead, sorted(dead)
@@ -315,3 +315,17 @@ def test_a_lab_setup_cell_installs_the_package_and_keeps_the_runtime_torch(tmp_p
     )  # installed, not the source tree
     assert not (site / "torch").exists(), "the setup cell installed a torch of its own"
     assert seconds < 60, f"the setup cell took {seconds:.1f} s"
+
+
+def test_every_labelled_equation_is_implemented_or_marked_as_a_derivation():
+    """The equation index (book/equations.md) lists, for every label, the code that implements it and
+    the tests that check that code; an equation with no code must say it is a step of a derivation."""
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import equation_index
+
+    equations = equation_index.analyse(ROOT)
+    assert len(equations) > 100
+    orphans = [e.label for e in equations.values() if not e.implementers and not e.derivation_only]
+    assert not orphans, f"no implementing docstring and no ':class: derivation-only': {orphans}"
+    untested = [e.label for e in equations.values() if e.implementers and not e.tests]
+    assert not untested, f"implemented, but no test uses the implementing code: {untested}"

@@ -61,3 +61,42 @@ def test_machine_names_the_cpu_threads_and_torch():
         )
     if model:
         assert line.startswith(model)
+
+
+def test_a_lab_falls_back_to_the_cpu_with_a_note_when_no_gpu_is_visible(tmp_path):
+    """Lab 0 with every GPU hidden: it runs, on the CPU, and says so; the device log records 'cpu'."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    log = tmp_path / "devices.log"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRANSFORMER_COURSE_DEVICE_LOG": str(log)}
+    env.pop("TRANSFORMER_COURSE_DEVICE", None)
+    out = tmp_path / "lab.ipynb"
+    code = (
+        "import sys, nbformat; from nbclient import NotebookClient; "
+        "nb = nbformat.read(sys.argv[1], as_version=4); "
+        "NotebookClient(nb, timeout=300, kernel_name='python3').execute(); "
+        "nbformat.write(nb, sys.argv[2])"
+    )
+    lab = str(root / "notebooks" / "00_notation.ipynb")
+    done = subprocess.run(
+        [sys.executable, "-c", code, lab, str(out)], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = json.dumps(json.loads(out.read_text()))
+    assert "no CUDA GPU is visible, so this runs on the CPU" in text
+    assert log.read_text().split() == ["cpu"]
+    checker = [
+        sys.executable,
+        str(root / "scripts" / "check_device_log.py"),
+        str(log),
+        str(root / "notebooks"),
+    ]
+    refused = subprocess.run(checker, capture_output=True, text=True)
+    assert (
+        refused.returncode == 1 and "were 'cpu', not 'cuda'" in refused.stdout
+    )  # the GPU CI's check

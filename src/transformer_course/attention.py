@@ -141,7 +141,7 @@ def convolution_as_attention(
 
 
 def convolve_tokens(X: Tensor, kernel: Tensor | Sequence[float], padding: str = "zeros") -> Tensor:
-    """Convolve every feature column of ``X`` with ``kernel`` using ``F.conv1d``.
+    """Convolve every feature column of ``X`` with ``kernel`` using ``F.conv1d``, book eq. ``eq-avg-conv``.
 
     The efficient counterpart of ``convolution_as_attention(kernel, N, padding) @ X`` (tested
     equal): the same kernel is applied to each of the ``D`` features separately, as attention

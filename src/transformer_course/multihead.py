@@ -300,7 +300,8 @@ class SelfAttention(AttentionLayer):
         return f"d_model={self.d_model}, H={self.H}, causal={self.causal}"
 
     def project(self, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values of the tokens ``X (B, N, D)``, book eq. ``eq-mh-split``: one fused
+        """Queries, keys and values of the tokens ``X (B, N, D)``, book eqs. ``eq-sa-qkv`` and
+        ``eq-mh-split``: one fused
         matrix product, then each head's slice of the features; ``(B, H, N, d_k)`` each."""
         self._check_tokens(X)
         Q, K, V = self.in_proj(X).split(self.d_model, dim=-1)  # one matmul: (B, N, D) each

@@ -61,7 +61,8 @@ def _check_U(X_cols: Tensor, **U: Tensor) -> None:
 def turner_attention(
     X_cols: Tensor, U_q: Tensor, U_k: Tensor, scale: float | None = None
 ) -> Tensor:
-    r"""Turner's attention matrix, book eq. ``eq-turner-attention`` (Turner 2023, eq. 3 and 5).
+    r"""Turner's attention matrix, book eq. ``eq-turner-attention`` (Turner 2023, eq. 3 and 5; per head,
+    ``eq-mh-turner-A``; the corrected exponent of his eq. 3, ``eq-turner-eq3-fixed``).
 
     .. math:: A_{n',n} = \frac{\exp\big(\mathbf{k}_{n'}^\top \mathbf{q}_n \, s\big)}
               {\sum_{n''=1}^{N} \exp\big(\mathbf{k}_{n''}^\top \mathbf{q}_n \, s\big)},\qquad
@@ -134,7 +135,8 @@ def turner_multi_head_self_attention(
 
 
 def low_rank_V(W_v: Tensor, W_o: Tensor, H: int) -> Tensor:
-    r"""Turner's ``V_h`` from the usual value and output maps (Turner fn. 13; Bishop exercise 5).
+    r"""Turner's ``V_h`` from the usual value and output maps, book eq. ``eq-mh-lowrank`` (Turner fn. 13;
+    Bishop exercise 5).
 
     Head ``h`` of the concat form contributes :math:`A_h X W_v^{(h)} W_o^{(h)}` (rows), where
     :math:`W_v^{(h)}` is ``D x K`` (columns ``h*K:(h+1)*K`` of ``W_v``) and :math:`W_o^{(h)}` is ``K x D``

@@ -23,7 +23,8 @@ def _frequencies(D: int, L: float, device=None, dtype=None) -> Tensor:
 def sinusoidal_encoding(
     N: int, D: int, L: float = 10_000.0, device: torch.device | str | None = None, dtype=None
 ) -> Tensor:
-    r"""Sinusoidal position encoding, book eq. ``eq-pos-sinusoid`` (Vaswani et al. 2017; Bishop eq. 25).
+    r"""Sinusoidal position encoding, book eqs. ``eq-pos-sinusoid`` and ``eq-pos-bishop`` (Vaswani et al.
+    2017; Bishop eq. 25).
 
     .. math:: R_{n,2k} = \sin(\omega_k n),\qquad R_{n,2k+1} = \cos(\omega_k n),\qquad
               \omega_k = b^{-2k/D}
@@ -59,7 +60,7 @@ def relative_shift_matrix(
     k: int, D: int, L: float = 10_000.0, device: torch.device | str | None = None, dtype=None
 ) -> Tensor:
     r"""The matrix :math:`\Phi_k` with :math:`\mathbf{r}_{n+k} = \Phi_k \mathbf{r}_n` for every ``n``, book
-    eq. ``eq-pos-shift`` (Bishop exercise 10).
+    eqs. ``eq-pos-shift`` and ``eq-pos-rotation`` (Bishop exercise 10).
 
     :math:`\Phi_k` (``D x D``) is block diagonal with one 2x2 rotation per frequency,
 
@@ -84,7 +85,8 @@ def relative_shift_matrix(
 
 
 class LearnedPositionalEmbedding(nn.Module):
-    """A learned vector per position, book eq. ``eq-pos-learned`` (Bishop sec. 2.14.4; GPT, BERT, ViT).
+    """A learned vector per position, book eq. ``eq-pos-learned``, added to the tokens as in eq.
+    ``eq-pos-add`` (Bishop sec. 2.14.4; GPT, BERT, ViT).
 
     The table ``R`` (``table.weight``) has ``C = max_len`` rows of width ``D = d_model``; ``forward(X)``
     adds its rows ``0 .. N-1`` to the tokens ``X`` ``(B, N, D)``. Sequences longer than ``max_len``

@@ -21,6 +21,7 @@ __all__ = ["default_device", "eval_mode", "machine", "seed_everything", "shape_o
 
 DEVICE_ENV = "TRANSFORMER_COURSE_DEVICE"
 DEVICE_LOG_ENV = "TRANSFORMER_COURSE_DEVICE_LOG"
+_fallback_noted = False
 
 
 def shape_of(t: torch.Tensor) -> str:
@@ -47,13 +48,18 @@ def default_device(prefer: str | None = None) -> torch.device:
 
     ``prefer`` (or, when it is ``None``, the environment variable ``TRANSFORMER_COURSE_DEVICE``) may be
     ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; with neither, CUDA is used when available, else the CPU.
-    Asking for CUDA on a machine without it raises ``RuntimeError`` saying how to fix it. When
-    ``TRANSFORMER_COURSE_DEVICE_LOG`` names a file, the chosen device is appended to it (the GPU CI uses
-    this to prove the notebooks really ran on CUDA).
+    Asking for CUDA on a machine without it raises ``RuntimeError`` saying how to fix it. Falling back
+    to the CPU because no GPU is visible prints a one-line note (once per process), so a lab that was
+    meant for a GPU runtime says where it runs. When ``TRANSFORMER_COURSE_DEVICE_LOG`` names a file, the
+    chosen device is appended to it (the GPU CI uses this to prove the notebooks really ran on CUDA).
     """
+    global _fallback_noted
     wanted = prefer if prefer is not None else os.environ.get(DEVICE_ENV) or None
     if wanted is None:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if device.type == "cpu" and not _fallback_noted:
+            print("note: no CUDA GPU is visible, so this runs on the CPU (everything works, slower)")
+            _fallback_noted = True
     else:
         try:
             device = torch.device(wanted)

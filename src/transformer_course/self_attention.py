@@ -103,7 +103,8 @@ def _default_scale(Q: Tensor, scale: float | None) -> float:
 def attention_weights(
     Q: Tensor, K: Tensor, mask: Tensor | None = None, scale: float | None = None
 ) -> Tensor:
-    r"""Attention weights :math:`A = \operatorname{softmax}_\text{row}(S)`, book eq. ``eq-self-attention``.
+    r"""Attention weights :math:`A = \operatorname{softmax}_\text{row}(S)`, book eq. ``eq-self-attention``
+    (with a mask, eq. ``eq-sa-masked``).
 
     .. math:: S = \frac{Q K^\top}{\sqrt{d_k}}, \qquad
               A_{nm} = \frac{\exp S_{nm}}{\sum_{m'} \exp S_{nm'}}
@@ -139,7 +140,8 @@ def scaled_dot_product_attention_reference(
     mask: Tensor | None = None,
     scale: float | None = None,
 ) -> Tensor:
-    r"""Scaled dot-product attention written as its equation, book eq. ``eq-sa-scaled``.
+    r"""Scaled dot-product attention written as its equation, book eq. ``eq-sa-scaled``; with ``V = X`` it
+    is the weighted average of eqs. ``eq-avg-output`` and ``eq-avg-matrix``.
 
     .. math:: \operatorname{Attention}(Q, K, V) = \operatorname{softmax}_\text{row}
               \left(\frac{Q K^\top}{\sqrt{d_k}}\right) V
@@ -249,7 +251,8 @@ def _check_weights(X: Tensor, **W: Tensor) -> None:
 def single_head_reference(
     X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, mask: Tensor | None = None
 ) -> Tensor:
-    r"""Single-head scaled dot-product self-attention, book eq. ``eq-self-attention`` (Bishop Algorithm 1).
+    r"""Single-head scaled dot-product self-attention, book eq. ``eq-self-attention`` (Bishop Algorithm 1),
+    with the projections of eqs. ``eq-row-projection`` and ``eq-sa-qkv``.
 
     .. math:: Q = X W_q,\quad K = X W_k,\quad V = X W_v,\qquad
               Y = \operatorname{softmax}_\text{row}\!\left(\frac{Q K^\top}{\sqrt{d_k}}\right) V

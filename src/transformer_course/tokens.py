@@ -441,7 +441,8 @@ def _check_patch_size(patch_size: int, name: str = "patch_size") -> int:
 
 
 def patchify(images: Tensor, patch_size: int, stride: int | None = None) -> Tensor:
-    r"""Cut images into ``P x P`` patches and flatten each, the ``vec`` of Turner fig. 2.
+    r"""Cut images into ``P x P`` patches and flatten each, the ``vec`` of Turner fig. 2 (book eq.
+    ``eq-tok-patch``).
 
     .. math:: \text{row } n \text{ of the output} = \operatorname{vec}(\text{patch}_n)
               \in \mathbb{R}^{C P^2}
@@ -572,7 +573,8 @@ def unpatchify(
 
 
 class PatchEmbedding(nn.Module):
-    r"""Image to tokens: flatten each ``P x P`` patch and map it linearly to ``d_model``.
+    r"""Image to tokens: flatten each ``P x P`` patch and map it linearly to ``d_model``, book eq.
+    ``eq-tok-patch``.
 
     .. math:: \mathbf{x}_n = W \operatorname{vec}(\text{patch}_n) + \mathbf{b}, \qquad
               W \in \mathbb{R}^{d_\text{model} \times C P^2}
