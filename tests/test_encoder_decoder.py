@@ -11,6 +11,7 @@ from transformer_course.data import DateTask
 from transformer_course.encoder_decoder import (
     DATES_RECIPE,
     CrossAttention,
+    DecoderBlock,
     Seq2Seq,
     Seq2SeqConfig,
     exact_match,
@@ -248,3 +249,80 @@ def test_causal_padding_mask_is_what_multihead_attention_combines():
     key_mask = (tokens != 0)[:, None, :].expand(-1, 5, -1)
     with torch.no_grad():  # a causal layer combines a key mask with the causal mask by &
         torch.testing.assert_close(plain(X, mask), causal(X, key_mask))
+
+
+def test_decoder_block_equals_torchs_pre_norm_decoder_layer():
+    """eq-ed-decoder against ``torch.nn.TransformerDecoderLayer(norm_first=True)`` with the same weights;
+    a post-norm block, a cross-attention fed LN(X) instead of LN(Z_1), or a missing mask would differ."""
+    g = torch.Generator().manual_seed(6)
+    B, N, M, D, H = 2, 5, 7, 16, 4
+    block = DecoderBlock(D, H).double().eval()
+    with torch.no_grad():  # LayerNorm scales and biases away from 1 and 0 as well
+        for p in block.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    ref = (
+        torch.nn.TransformerDecoderLayer(
+            D, H, 4 * D, dropout=0.0, batch_first=True, norm_first=True
+        )
+        .double()
+        .eval()
+    )
+    ref.self_attn = block.self_attn.to_torch()
+    ref.multihead_attn = block.cross_attn.to_torch()
+    ref.linear1, ref.linear2 = block.mlp.fc1, block.mlp.fc2
+    for mine, theirs in zip(
+        (block.norm1, block.norm2, block.norm3), (ref.norm1, ref.norm2, ref.norm3), strict=True
+    ):
+        theirs.weight, theirs.bias = mine.weight, mine.bias
+    X = torch.randn(B, N, D, generator=g, dtype=torch.float64)
+    memory = torch.randn(B, M, D, generator=g, dtype=torch.float64)
+    keep = torch.ones(B, M, dtype=torch.bool)
+    keep[1, 4:] = False  # the second source has 3 padded tokens
+    with torch.no_grad():
+        ours = block(X, block.cross_attn.memory_kv(memory), keep[:, None, :].expand(B, N, M))
+        theirs = ref(
+            X, memory, tgt_mask=~tc.self_attention.causal_mask(N), memory_key_padding_mask=~keep
+        )
+    torch.testing.assert_close(ours, theirs, atol=1e-10, rtol=0)
+
+
+def test_cross_attention_map_and_its_head_mean_equal_torchs_weights():
+    """attention_map is every head's A^(h) (against torch's per-head weights), and its mean over the
+    heads is the alignment of eq-ed-align (against torch's averaged weights)."""
+    g = torch.Generator().manual_seed(7)
+    B, N, M, D, H = 2, 4, 6, 12, 3
+    cross = CrossAttention(D, H).double()
+    torch_mha = cross.to_torch()
+    X = torch.randn(B, N, D, generator=g, dtype=torch.float64)
+    memory = torch.randn(B, M, D, generator=g, dtype=torch.float64)
+    keep = torch.ones(B, M, dtype=torch.bool)
+    keep[0, -2:] = False
+    with torch.no_grad():
+        A = cross.attention_map(X, cross.memory_kv(memory), keep[:, None, :].expand(B, N, M))
+        kw = {"key_padding_mask": ~keep, "need_weights": True}
+        per_head = torch_mha(X, memory, memory, average_attn_weights=False, **kw)[1]
+        mean = torch_mha(X, memory, memory, average_attn_weights=True, **kw)[1]
+    assert A.shape == (B, H, N, M)
+    torch.testing.assert_close(A, per_head, atol=1e-12, rtol=0)
+    torch.testing.assert_close(A.mean(dim=1), mean, atol=1e-12, rtol=0)
+    assert torch.all(A[0, :, :, -2:] == 0)  # padded source tokens get no weight
+
+
+def test_greedy_decode_takes_the_argmax_at_every_step_and_pads_after_eos():
+    """eq-ed-greedy by recomputing the whole prefix at every step; a decoder that took the argmax at
+    the wrong position, kept writing after EOS or fed back the wrong token would differ."""
+    torch.manual_seed(8)
+    config = Seq2SeqConfig(
+        TASK.vocab_size, TASK.vocab_size, TASK.src_len, TASK.tgt_len, d_model=32, H=2
+    )
+    model = Seq2Seq(config).eval()
+    src, _ = TASK.tensors(TASK.sample(6, seed=8))
+    out = model.greedy_decode(src, TASK.BOS, TASK.EOS)
+    with torch.no_grad():
+        for b in range(len(src)):
+            prefix = [TASK.BOS]
+            while len(prefix) < TASK.tgt_len and prefix[-1] != TASK.EOS:
+                logits = model(src[b : b + 1], torch.tensor([prefix]))[0]
+                prefix.append(int(logits[0, -1].argmax()))
+            expected = prefix + [TASK.PAD] * (TASK.tgt_len - len(prefix))
+            assert out[b].tolist() == expected, b

@@ -238,3 +238,22 @@ def test_random_shift_has_the_properties_of_a_uniform_shift():
     average = random_shift(digit.repeat(4000, 1, 1, 1), p, gen).mean(dim=0, keepdim=True)
     box = F.conv2d(digit, torch.ones(1, 1, 3, 3) / 9, padding=1)  # all 9 shifts, averaged
     assert (average - box).abs().max() < 0.03
+
+
+def test_position_similarity_is_the_cosine_of_every_pair_of_rows():
+    R = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]])
+    expected = torch.tensor([[1.0, 0.0, 2**-0.5], [0.0, 1.0, 2**-0.5], [2**-0.5, 2**-0.5, 1.0]])
+    torch.testing.assert_close(tc.vision.position_similarity(R), expected)
+    with pytest.raises(ValueError, match=r"\(N, D\)"):
+        tc.vision.position_similarity(R[None])
+
+
+def test_mcnemar_counts_the_discordant_items_and_gives_the_exact_two_sided_p():
+    a = torch.tensor([True] * 5 + [True, False])
+    b = torch.tensor([False] * 5 + [True, False])
+    assert tc.vision.mcnemar(a, b) == (2 / 32, 5, 0)  # 2 * P(Bin(5, 1/2) = 0)
+    assert tc.vision.mcnemar(b, a) == (2 / 32, 0, 5)
+    one_each = torch.tensor([True, False]), torch.tensor([False, True])
+    assert tc.vision.mcnemar(*one_each) == (1.0, 1, 1)  # 2 * (1 + 2) / 4 > 1 is capped at 1
+    with pytest.raises(ValueError, match="bool tensors"):
+        tc.vision.mcnemar(a.float(), b)

@@ -72,7 +72,8 @@ class CrossAttention(AttentionLayer):
         return split_heads(F.linear(X, W, b), self.H)
 
     def attention_map(self, X: Tensor, memory_kv: MemoryKV, mask: Tensor | None = None) -> Tensor:
-        """The weights ``(B, H, N, M)`` with which every head reads the memory (the alignment)."""
+        """The weights ``(B, H, N, M)`` with which every head reads the memory: the ``A^(h)`` whose
+        mean over heads is the alignment of book eq. ``eq-ed-align``."""
         return self.weights_of(self.queries(X), memory_kv[0], mask)
 
     def forward(self, X: Tensor, memory_kv: MemoryKV, mask: Tensor | None = None) -> Tensor:
@@ -98,7 +99,7 @@ class DecoderBlock(nn.Module):
 
     .. math:: Z_1 = X + \mathrm{MHSA}_\text{causal}(\mathrm{LN}(X)),\quad
               Z_2 = Z_1 + \mathrm{MHA}(\mathrm{LN}(Z_1), H_\text{enc}),\quad
-              Y = Z_2 + \mathrm{MLP}(\mathrm{LN}(Z_2))
+              X' = Z_2 + \mathrm{MLP}(\mathrm{LN}(Z_2))
 
     In the cross-attention the queries come from the decoder stream ``LN(Z_1)`` and the keys and values
     from the encoder's output ``H_enc``.
@@ -135,7 +136,7 @@ class DecoderBlock(nn.Module):
 
 
 class Decoder(nn.Module):
-    """``M`` decoder blocks and a final LayerNorm, book eq. ``eq-ed-model``.
+    """``L_d`` decoder blocks (``n_layers``) and a final LayerNorm, book eq. ``eq-ed-model``.
 
     ``memory_kv(memory)`` gives every block's cross-attention keys and values (once per source);
     ``forward(X (B, N, D), memory_kv, memory_mask, caches) -> (B, N, D)``.
@@ -186,8 +187,11 @@ class Seq2Seq(nn.Module):
     with causal self-attention and attends to the encoder's output through cross-attention; a linear
     map projects into the target vocabulary.
 
-    ``forward(src (B, M), tgt_in (B, N), tgt_out (B, N) | None) -> (logits (B, N, V), loss | None)``;
-    the loss ignores padding positions of ``tgt_out``.
+    ``forward(src (B, M), tgt_in (B, N), tgt_out (B, N) | None) -> (logits (B, N, |V|), loss |
+    None)``, with ``M`` the source length and ``|V|`` the target vocabulary. The logits are the head
+    of book eq. ``eq-ed-head``, one conditional of the factorisation eq. ``eq-ed-factor`` per target
+    position in one pass; the loss is eq. ``eq-ed-loss``, which ignores padding positions of
+    ``tgt_out``.
     """
 
     def __init__(self, config: Seq2SeqConfig) -> None:
@@ -216,7 +220,9 @@ class Seq2Seq(nn.Module):
         return logits, loss
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """Encoder output ``(B, M, D)`` and the key mask ``(B, M)`` (``True`` = real token)."""
+        """Encoder output ``(B, M, D)`` and the key mask ``(B, M)`` (``True`` = real token), book eq.
+        ``eq-ed-keymask``: the encoder's self-attention and (in :meth:`decode`) the cross-attention
+        hide the padded source tokens with it."""
         c = self.config
         self._check(src, "src", c.src_len, c.src_vocab)
         keep = src != c.pad_id  # (B, M)
@@ -329,7 +335,9 @@ def train_dates(
     """Train a :class:`Seq2Seq` on human-written dates with ``recipe`` (``steps`` shortens it).
 
     The one training run of chapter 8, its lab and ``bench/seq2seq.py``. Training pairs are drawn with
-    seed 1 (:meth:`.data.DateTask.held_out` excludes their inputs from a test set).
+    seed 1 (:meth:`.data.DateTask.held_out` excludes their inputs from a test set). Each step is
+    teacher forced: the target is shifted into decoder input and expected output, book eq.
+    ``eq-ed-shift``.
     """
     recipe = recipe.with_steps(steps)
     torch.manual_seed(seed)
@@ -358,7 +366,8 @@ def train_dates(
 
 
 def exact_match(model: Seq2Seq, task: DateTask, pairs: Sequence[tuple[str, str]]) -> float:
-    """Fraction of ``(input, ISO date)`` pairs whose greedy, cached decoding equals the ISO date."""
+    """Fraction of ``(input, ISO date)`` pairs whose greedy, cached decoding equals the ISO date:
+    the exact match of book eq. ``eq-ed-exact``."""
     device = next(model.parameters()).device
     src, _ = (t.to(device) for t in task.tensors(list(pairs)))
     out = model.greedy_decode(src, task.BOS, task.EOS)

@@ -274,7 +274,8 @@ class AttentionLayer(nn.Module):
 
 
 class SelfAttention(AttentionLayer):
-    r"""Multi-head self-attention, book eq. ``eq-mh-concat`` with ``Z = X``.
+    r"""Multi-head self-attention, book eq. ``eq-mh-concat`` with ``Z = X``. A causal layer combines
+    a given key mask with its causal mask by a logical *and* (book eq. ``eq-ed-decmask``).
 
     ``forward(X (B, N, D), mask (N, N) | (B, N, N) | None) -> (B, N, D)``. Queries, keys and values
     all come from ``X`` through one fused matrix product; the heads attend in one call of
@@ -308,7 +309,8 @@ class SelfAttention(AttentionLayer):
         return split_heads(Q, self.H), split_heads(K, self.H), split_heads(V, self.H)
 
     def attention_map(self, X: Tensor, mask: Tensor | None = None) -> Tensor:
-        """The weights ``(B, H, N, N)`` with which every head of this layer attends, for ``X``."""
+        """The weights ``(B, H, N, N)`` with which every head of this layer attends, for ``X``
+        (book eq. ``eq-vit-attn`` in a vision transformer's blocks)."""
         Q, K, _ = self.project(X)
         return self.weights_of(Q, K, mask)
 

@@ -441,8 +441,8 @@ def _check_patch_size(patch_size: int, name: str = "patch_size") -> int:
 
 
 def patchify(images: Tensor, patch_size: int, stride: int | None = None) -> Tensor:
-    r"""Cut images into ``P x P`` patches and flatten each, the ``vec`` of Turner fig. 2 (book eq.
-    ``eq-tok-patch``).
+    r"""Cut images into ``P x P`` patches and flatten each, the ``vec`` of Turner fig. 2 (book eqs.
+    ``eq-tok-patch`` and ``eq-vit-patch``).
 
     .. math:: \text{row } n \text{ of the output} = \operatorname{vec}(\text{patch}_n)
               \in \mathbb{R}^{C P^2}

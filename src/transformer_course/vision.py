@@ -13,6 +13,7 @@ benchmark, the book page and the tests all run the same code.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -37,7 +38,9 @@ __all__ = [
     "ViT",
     "ViTConfig",
     "ablated",
+    "mcnemar",
     "mixup",
+    "position_similarity",
     "shifted_probabilities",
     "train_digits",
 ]
@@ -46,6 +49,8 @@ __all__ = [
 @dataclass(frozen=True)
 class ViTConfig:
     """Sizes of a vision transformer; ``pool`` is ``"cls"`` (a learned class token) or ``"mean"``.
+
+    ``channels`` is ``C_in``, ``patch_size`` is ``P``, ``n_layers`` is ``L``, ``d_model`` is ``D``.
 
     ``patch_stride`` ``None`` cuts non-overlapping ``patch_size`` patches (the ViT's); a smaller stride
     gives overlapping patches (book eq. ``eq-vit-overlap``), e.g. ``patch_size=4, patch_stride=2``.
@@ -93,11 +98,18 @@ class ViTConfig:
 class ViT(nn.Module):
     r"""A vision transformer, book eq. ``eq-vit`` (Dosovitskiy et al. 2021; Turner 2023 sec. 4.2).
 
-    .. math:: X^{(0)} = [\mathbf{x}_\text{cls}; P W^\top] + R,\qquad
-              \text{logits} = \mathrm{LN}(X^{(M)})_\text{cls}\, W_\text{head}
+    .. math:: X^{(0)} = [\mathbf{x}_\text{cls}; X_\text{pix} W_p^\top] + R,\qquad
+              \text{logits} = \mathrm{LN}(X^{(L)})_\text{cls}\, W_\text{head}^\top
 
-    (with ``pool="mean"`` the average over patch tokens replaces the class token's row, eq.
-    ``eq-vit-mean``). ``forward(images (B, C, H, W)) -> logits (B, n_classes)``.
+    with ``X_pix`` the flattened patches ``(N, C_in P^2)``, ``R`` the learned positions ``(1 + N, D)``
+    and ``L`` blocks (with ``pool="mean"`` the average over patch tokens replaces the class token's
+    row, eq. ``eq-vit-mean``, and ``R`` has ``N`` rows). ``forward(images (B, C_in, H_px, W_px)) ->
+    logits (B, n_classes)``.
+
+    Initialisation: every linear and embedding weight is drawn from N(0, 0.02^2) with zero biases
+    (:func:`.language_models.gpt2_init`), the class token starts at zero, and with
+    ``patch_init="lecun"`` the patch map is redrawn at LeCun's scale. Unlike :class:`.GPT`, the
+    residual projections (``out_proj``, ``fc2``) are **not** scaled down by ``1/sqrt(2L)``.
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -116,7 +128,8 @@ class ViT(nn.Module):
             nn.init.normal_(self.patch.proj.weight, std=self.patch.proj.in_features**-0.5)
 
     def tokens(self, images: Tensor) -> Tensor:
-        """``X^(0)``: patch embeddings (with the class token first) plus learned positions."""
+        """``X^(0)``: patch embeddings (with the class token first) plus learned positions, book eq.
+        ``eq-vit-pos``."""
         c = self.config
         if images.dim() != 4 or images.shape[1:] != (c.channels, c.image_size, c.image_size):
             raise ValueError(
@@ -288,3 +301,28 @@ def train_digits(
     with eval_mode(model):
         plain = accuracy(model, shifts=False)
     return DigitsRun(model, history, history.evals["test_accuracy"][-1], plain)
+
+
+def position_similarity(R: Tensor) -> Tensor:
+    r"""Cosine similarity of every pair of rows of ``R (N, D)``, an ``(N, N)`` matrix, book eq.
+    ``eq-vit-possim``: :math:`\operatorname{sim}(n, m) = \mathbf{r}_n^\top \mathbf{r}_m /
+    (\lVert \mathbf{r}_n \rVert \lVert \mathbf{r}_m \rVert)`."""
+    if R.dim() != 2:
+        raise ValueError(f"R must be (N, D), one position per row; got shape {tuple(R.shape)}")
+    unit = R / R.norm(dim=-1, keepdim=True)  # (N, D)
+    return unit @ unit.T  # (N, N)
+
+
+def mcnemar(hits_a: Tensor, hits_b: Tensor) -> tuple[float, int, int]:
+    """Exact two-sided McNemar test of two classifiers on the same test set, book eq.
+    ``eq-vit-mcnemar``: ``(p, n01, n10)`` with ``n01`` the items only ``a`` got right and ``n10`` those
+    only ``b`` got right; ``hits_a`` and ``hits_b`` are bool tensors of one entry per test item."""
+    if hits_a.shape != hits_b.shape or hits_a.dtype != torch.bool or hits_b.dtype != torch.bool:
+        raise ValueError(
+            "hits_a and hits_b must be bool tensors of the same shape (one entry per test item), got "
+            f"{hits_a.dtype} {tuple(hits_a.shape)} and {hits_b.dtype} {tuple(hits_b.shape)}"
+        )
+    n01, n10 = int((hits_a & ~hits_b).sum()), int((~hits_a & hits_b).sum())
+    n = n01 + n10
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(n01, n10) + 1)) / 2**n)
+    return p, n01, n10

@@ -120,14 +120,14 @@ def _block(a: Tensor, rows: list[list[int]]) -> Tensor:
     name="position.rotation_block",
     prompt=(
         "Given a frequency omega (a 0-dim float64 tensor) and an integer offset k, return the 2x2 "
-        "matrix B_k (float64) with [sin(omega (n+k)), cos(omega (n+k))] = B_k @ [sin(omega n), "
+        "matrix Phi_k (float64) with [sin(omega (n+k)), cos(omega (n+k))] = Phi_k @ [sin(omega n), "
         "cos(omega n)] for every position n. Use sin(a+b) and cos(a+b) with a = omega n, "
         "b = omega k."
     ),
     make_inputs=_rotation_inputs,
     mistakes=[
         Mistake(
-            "your matrix moves the pair from n to n - k: it is the transpose of B_k. Expand "
+            "your matrix moves the pair from n to n - k: it is the transpose of Phi_k. Expand "
             "sin(a + b) = sin a cos b + cos a sin b: the first row is [cos(omega k), "
             "sin(omega k)].",
             lambda omega, k: _block(omega * k, [[1, -2], [2, 1]]),
