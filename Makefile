@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: book test venv lint format sync labs check-python bench ablate browser clean lock
+.PHONY: book test venv lint format sync labs check-python bench bench-long ablate browser clean lock
 
 check-python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: '$(PYTHON)' was not found. Install Python 3.10 or newer, or run: make PYTHON=/path/to/python3.x"; exit 1; }
@@ -73,6 +73,20 @@ bench: $(STAMP)  ## run every benchmark; results go to bench/results/<device>/<n
 	@mkdir -p bench/results/$(BENCH_DEVICE)
 	@set -o pipefail; for b in $(BENCHES); do echo "== bench/$$b.py --device $(BENCH_DEVICE)"; \
 	  $(BIN)/python bench/$$b.py --device $(BENCH_DEVICE) | tee bench/results/$(BENCH_DEVICE)/$$b.log || exit 1; \
+	  tail -n 1 bench/results/$(BENCH_DEVICE)/$$b.log > bench/results/$(BENCH_DEVICE)/$$b.json; done
+
+# The long studies, about 45 minutes on 2 idle cores: the scaling sweep and the modern model (read by
+# the training and extensions chapters), every claim at its large setting (claims), and the book's
+# cold and warm build times. Results are stored like `make bench`'s.
+LONG_BENCHES := scaling modern claims build
+ARGS_claims := --setting large
+
+bench-long: $(STAMP)  ## run the long studies (~45 min on 2 cores); results as for `make bench`
+	@mkdir -p bench/results/$(BENCH_DEVICE)
+	@set -o pipefail; for b in $(LONG_BENCHES); do \
+	  args="$$( [ $$b = build ] || echo --device $(BENCH_DEVICE)) $$( [ $$b = claims ] && echo $(ARGS_claims))"; \
+	  echo "== bench/$$b.py $$args"; \
+	  $(BIN)/python bench/$$b.py $$args | tee bench/results/$(BENCH_DEVICE)/$$b.log || exit 1; \
 	  tail -n 1 bench/results/$(BENCH_DEVICE)/$$b.log > bench/results/$(BENCH_DEVICE)/$$b.json; done
 
 ABLATION_SEEDS := 0 1

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+import transformer_course as tc
 from transformer_course import data
 from transformer_course.vision import ABLATIONS
 
@@ -87,3 +88,39 @@ def test_decode_bench():
     )
     assert r["identical"] is True and set(r["by_batch"]) == {"2"}
     assert r["speed_vs_hf"] > 0 and r["bound_ratio"] > 0 and r["train_speed_vs_nanogpt"] > 0
+
+
+def needs_corpus():
+    try:
+        data.tinyshakespeare_path(download=False)
+    except FileNotFoundError:
+        pytest.skip("no local copy of tiny-shakespeare (set TRANSFORMER_COURSE_DATA)")
+
+
+def test_scaling_bench_quick():
+    needs_corpus()
+    result, _ = run_bench("scaling.py", "--quick", "--threads", "1")
+    assert result["quick"] and len(result["runs"]) == 4 and len(result["fits"]) == 1
+    assert all(
+        r["val_loss"] > 0 and r["flops"] == 6 * r["params"] * r["tokens"] for r in result["runs"]
+    )
+
+
+def test_claims_bench_quick():
+    needs_corpus()
+    result, _ = run_bench("claims.py", "--quick", "--threads", "1")
+    assert "total_seconds" in result
+    assert set(result["claims"]) == set(tc.claims.CLAIMS) and result["steps"] == 2
+    for claim in result["claims"].values():
+        assert {r["seed"] for r in tc.claims.ClaimResult.from_json(claim).to_json()["runs"]} == {
+            0,
+            1,
+        }
+
+
+def test_modern_bench_quick():
+    needs_corpus()
+    result, _ = run_bench("modern.py", "--quick", "--threads", "1")
+    assert "diff_mean" in result and "runs" in result
+    assert [run["steps"] for run in result["runs"]["gpt"]] == [3]
+    assert result["modern_kv_identical"] is True

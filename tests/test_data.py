@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import pathlib
 import urllib.request
@@ -127,3 +128,27 @@ def test_held_out_pairs_avoid_the_training_inputs():
     assert len(test_pairs) == 300
     assert not {s for s, _ in test_pairs} & {s for s, _ in train_pairs}
     assert TASK.held_out(300, exclude=train_pairs) == test_pairs  # reproducible
+
+
+@pytest.mark.parametrize("style", sorted(DATE_FORMATS))
+def test_date_fields_find_year_month_and_day_in_every_format(style):
+    dates = [dt.date(1969, 7, 20), dt.date(2001, 1, 2), dt.date(1950, 12, 31), dt.date(2049, 5, 5)]
+    for date in dates:
+        text = format_date(date, style)
+        f = data.date_fields(text)
+        assert not set(f["year"]) & set(f["month"]) and not set(f["month"]) & set(f["day"])
+        for name, pos in f.items():  # each field is one run of neighbouring characters
+            assert pos and pos == list(range(pos[0], pos[-1] + 1)), (text, name, pos)
+        year, month, day = ("".join(text[i] for i in f[k]) for k in ("year", "month", "day"))
+        assert year in (str(date.year), f"{date.year % 100:02d}"), (text, year)
+        assert day.isdigit() and int(day) == date.day, (text, day)
+        if month.isdigit():
+            assert int(month) == date.month, (text, month)
+        else:
+            full = data.MONTHS[date.month - 1].lower()
+            assert len(month) >= 3 and full.startswith(month.lower()), (text, month)
+
+
+def test_date_fields_reject_a_string_with_missing_numbers():
+    with pytest.raises(ValueError, match="expected 3 numbers"):
+        data.date_fields("7/20")

@@ -4,10 +4,12 @@ incremental property, masks, checkpoints), the key-value cache, generation, the 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import transformer_course as tc
 from transformer_course.exercises import language_models as el
@@ -17,12 +19,18 @@ from transformer_course.language_models import (
     TINY,
     GPTConfig,
     KVCache,
+    bigram_log_probs,
+    continuation_loss,
     generate,
     generate_text,
     generate_with_logits,
     next_token,
     positions_processed,
+    replace_prefix_tokens,
+    sample_under_teacher_forcing,
+    teacher_forced_vs_free_running,
     train_char_lm,
+    unigram_log_probs,
     window_start,
 )
 from transformer_course.notation import turner_attention
@@ -215,6 +223,81 @@ def test_zero_new_tokens_returns_the_prompt_and_negative_is_an_error():
     assert torch.equal(out, idx) and logits.shape == (2, 0, TINY.vocab_size)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, idx, -1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Baselines and the measurements of exposure bias
+
+
+def test_unigram_and_bigram_models_match_counting_loops():
+    ids = torch.randint(0, 5, (300,), generator=torch.Generator().manual_seed(0))
+    ids[ids == 4] = 3  # token 4 never occurs: smoothing must still give it probability
+    V, seq = 5, ids.tolist()
+    uni = unigram_log_probs(ids, V).exp()
+    for w in range(V):
+        assert math.isclose(uni[w].item(), (seq.count(w) + 1) / (len(seq) + V), rel_tol=1e-12)
+    bi = bigram_log_probs(ids, V, alpha=0.5).exp()
+    for v in range(V):
+        follows = [b for a, b in itertools.pairwise(seq) if a == v]
+        for w in range(V):
+            expected = (follows.count(w) + 0.5) / (len(follows) + 0.5 * V)
+            assert math.isclose(bi[v, w].item(), expected, rel_tol=1e-12)
+    torch.testing.assert_close(bi.sum(dim=1), torch.ones(V, dtype=torch.float64))
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        unigram_log_probs(ids, V, alpha=0.0)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 3\)"):
+        bigram_log_probs(ids, 3)
+
+
+def test_teacher_forced_and_free_running_predictions_match_loops(model):
+    windows = torch.randint(0, 65, (3, 12), generator=torch.Generator().manual_seed(5))
+    n0 = 5
+    forced, free = teacher_forced_vs_free_running(model, windows, n0)
+    with torch.no_grad():
+        for n in range(n0, 12):  # token n predicted from the true tokens before it
+            assert torch.equal(forced[:, n - n0], model(windows[:, :n])[0][:, -1].argmax(-1))
+        seq = windows[:, :n0]
+        for _ in range(12 - n0):  # the model's own greedy continuation, one token at a time
+            seq = torch.cat([seq, model(seq)[0][:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(free, seq[:, n0:])
+    assert torch.equal(forced[:, 0], free[:, 0])  # the first prediction sees the same prefix
+    with pytest.raises(ValueError, match="prompt_len"):
+        teacher_forced_vs_free_running(model, windows, 12)
+    with pytest.raises(ValueError, match="exceed the context"):
+        teacher_forced_vs_free_running(model, torch.zeros(1, 40, dtype=torch.long), 5)
+
+
+def test_samples_under_teacher_forcing_follow_the_model(model):
+    x = torch.randint(0, 65, (1, 8), generator=torch.Generator().manual_seed(6)).expand(6000, -1)
+    drawn = sample_under_teacher_forcing(model, x, torch.Generator().manual_seed(7))
+    assert drawn.shape == x.shape and torch.equal(drawn[:, 0], x[:, 0])
+    with torch.no_grad():
+        p = torch.softmax(model(x[:1, :3])[0][0, -1], dim=-1)  # p(. | x[:, :3])
+    freq = torch.bincount(drawn[:, 3], minlength=65).float() / len(drawn)
+    assert (freq - p).abs().max() < 0.02
+
+
+def test_replace_prefix_tokens_touches_only_the_prefix():
+    g = torch.Generator().manual_seed(8)
+    x, other = torch.zeros(50, 20, dtype=torch.long), torch.ones(50, 20, dtype=torch.long)
+    assert torch.equal(replace_prefix_tokens(x, other, 0.0, 12, g), x)
+    all_ = replace_prefix_tokens(x, other, 1.0, 12, g)
+    assert (all_[:, :12] == 1).all() and (all_[:, 12:] == 0).all()
+    some = replace_prefix_tokens(x, other, 0.3, 12, g)
+    assert abs(some[:, :12].float().mean().item() - 0.3) < 0.05 and (some[:, 12:] == 0).all()
+    with pytest.raises(ValueError, match="rho"):
+        replace_prefix_tokens(x, other, 1.5, 12)
+
+
+def test_continuation_loss_matches_one_pass_per_prefix(model):
+    x = torch.randint(0, 65, (2, 10), generator=torch.Generator().manual_seed(9))
+    y = torch.randint(0, 65, (2, 10), generator=torch.Generator().manual_seed(10))
+    losses = continuation_loss(model, x, y, 6)
+    assert losses.shape == (2, 5)
+    with torch.no_grad():
+        for j, n in enumerate(range(5, 10)):  # prediction at position n sees x[:, :n + 1]
+            expected = F.cross_entropy(model(x[:, : n + 1])[0][:, -1], y[:, n], reduction="none")
+            torch.testing.assert_close(losses[:, j], expected, atol=1e-5, rtol=0)
 
 
 # ----------------------------------------------------------------------------------------------

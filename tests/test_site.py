@@ -239,7 +239,9 @@ def test_favicon_logo_footer_and_edit_links(page, site):
     page.goto(f"{site}/book/notation.html", wait_until="load")
     assert page.locator("link[rel='icon'][href$='favicon.svg']").count() == 1
     assert page.locator("img.logo__image").count() >= 1
-    assert "MIT licence" in page.inner_text("footer")
+    assert "MIT licence" in page.inner_text(
+        "footer.bd-footer-content"
+    )  # the page footer, not prev/next
     edit = page.locator("a[href*='/edit/main/book/notation.md']")
     assert edit.count() >= 1
     page.goto(f"{site}/404.html", wait_until="load")

@@ -89,3 +89,68 @@ def test_recipe_with_steps_changes_only_the_step_count():
     assert recipe.with_steps(None) is recipe
     with pytest.raises(ValueError, match="steps must be >= 1"):
         recipe.with_steps(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# What chapter *Training* added: the gradient norm, the history of a failed run, with_train, shard
+
+
+def _tiny_run(cfg, model=None):
+    torch.manual_seed(0)
+    model = model or GPT(TINY)
+    ids = torch.randint(0, 65, (800,), generator=torch.Generator().manual_seed(0))
+    return model, train(
+        model, lambda g: get_batch(ids, 16, 8, g), lambda m, b: m(*b)[1], cfg, progress=False
+    )
+
+
+def test_history_records_the_gradient_norm_before_clipping():
+    from torch import nn
+
+    from transformer_course.train import global_grad_norm
+
+    cfg = TrainConfig(max_steps=3, lr=1e-3, warmup_steps=1, grad_clip=1e-3)
+    _, hist = _tiny_run(cfg)
+    assert len(hist.grad_norm) == 3 and all(n > 1e-3 for n in hist.grad_norm)  # unclipped norms
+    # the first step's norm, recomputed: the same model, batch and loss
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    ids = torch.randint(0, 65, (800,), generator=torch.Generator().manual_seed(0))
+    x, y = get_batch(ids, 16, 8, torch.Generator().manual_seed(0))
+    model(x, y)[1].backward()
+    first = global_grad_norm(model.parameters())
+    assert abs(first.item() - hist.grad_norm[0]) < 1e-6 * first.item()
+    assert abs(first - nn.utils.clip_grad_norm_(model.parameters(), float("inf"))) < 1e-6
+    _, no_clip = _tiny_run(dataclasses.replace(cfg, grad_clip=None))
+    assert len(no_clip.grad_norm) == 3 and no_clip.grad_norm[0] == pytest.approx(hist.grad_norm[0])
+
+
+def test_a_run_that_blows_up_keeps_its_history():
+    model = GPT(TINY)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(float("inf"))  # the first loss is NaN
+    with pytest.raises(FloatingPointError, match="lower the learning rate") as err:
+        _tiny_run(TrainConfig(max_steps=5), model)
+    assert err.value.history.steps_done == 0 and err.value.history.train_loss == []
+
+
+def test_recipe_with_train_changes_only_the_named_settings():
+    recipe = Recipe(train=TrainConfig(max_steps=100, lr=0.5), batch_size=7)
+    changed = recipe.with_train(lr=0.1, warmup_steps=0)
+    assert changed.train.lr == 0.1 and changed.train.warmup_steps == 0
+    assert changed.train.max_steps == 100 and changed.batch_size == 7 and recipe.train.lr == 0.5
+    with pytest.raises(ValueError, match="no setting"):
+        recipe.with_train(learning_rate=0.1)
+
+
+def test_shard_splits_the_global_batch_evenly_and_keeps_other_entries():
+    from transformer_course.train import shard
+
+    x, y = torch.arange(12).view(6, 2), torch.arange(6)
+    parts = [shard((x, y, 0.5), r, 3) for r in range(3)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), x)
+    assert torch.equal(parts[1][1], torch.tensor([2, 3])) and parts[2][2] == 0.5
+    with pytest.raises(ValueError, match="does not split evenly over 4 ranks"):
+        shard((x, y), 0, 4)
+    with pytest.raises(ValueError, match="first dimension"):
+        shard((x, torch.arange(5)), 0, 2)

@@ -3,7 +3,8 @@
 Every chapter of the book and every lab imports its equations from here (``import transformer_course
 as tc``); nothing is copied into a page. Each chapter has one module of the same name (``tc.notation``,
 ``tc.tokens``, ``tc.attention``, ``tc.self_attention``, ``tc.multihead``, ``tc.block``, ``tc.position``,
-``tc.language_models``, ``tc.encoder_decoder``, ``tc.vision``); ``data``, ``train``, ``plots``,
+``tc.language_models``, ``tc.encoder_decoder``, ``tc.vision``, ``tc.training``, ``tc.claims``,
+``tc.relations``, ``tc.extensions``); ``data``, ``train``, ``plots``,
 ``runtime``, ``results`` and ``project`` are shared infrastructure. The exercises of the labs,
 ``tc.exercises``, are imported only when first used.
 """
@@ -14,19 +15,23 @@ from importlib.metadata import PackageNotFoundError, version
 from . import (
     attention,
     block,
+    claims,
     data,
     encoder_decoder,
+    extensions,
     language_models,
     multihead,
     notation,
     plots,
     position,
     project,
+    relations,
     results,
     runtime,
     self_attention,
     tokens,
     train,
+    training,
     vision,
 )
 from .runtime import default_device, seed_everything
@@ -46,16 +51,19 @@ __all__ = [
     "attention",
     "attention_weights",
     "block",
+    "claims",
     "data",
     "default_device",
     "encoder_decoder",
     "exercises",
+    "extensions",
     "language_models",
     "multihead",
     "notation",
     "plots",
     "position",
     "project",
+    "relations",
     "results",
     "runtime",
     "scaled_dot_product_attention",
@@ -64,6 +72,7 @@ __all__ = [
     "self_attention",
     "tokens",
     "train",
+    "training",
     "vision",
 ]
 

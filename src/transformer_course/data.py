@@ -26,6 +26,7 @@ import math
 import os
 import pathlib
 import random
+import re
 import shutil
 import tempfile
 import urllib.request
@@ -39,6 +40,7 @@ __all__ = [
     "TINYSHAKESPEARE_URL",
     "DateTask",
     "cache_dir",
+    "date_fields",
     "digits_split",
     "format_date",
     "get_batch",
@@ -273,6 +275,43 @@ def format_date(date: dt.date, style: str) -> str:
         raise ValueError(
             f"unknown date style {style!r}; choose from {sorted(DATE_FORMATS)}"
         ) from None
+
+
+def date_fields(text: str) -> dict[str, list[int]]:
+    """Character positions of the year, month and day in ``text``, a date in any of the
+    :data:`DATE_FORMATS` (chapter *Encoder-decoder* compares them with the cross-attention weights).
+
+    Digit runs are assigned by the format's order: slashes are month/day/year unless the first run
+    has four digits (``iso_slash``: year/month/day), dots are day.month.year; otherwise a four-digit
+    run is the year and a shorter one the day. A month written as a name (or its first three
+    letters, in any case) is the month's field. The suffix of an ordinal (``21st``) and a weekday's
+    name belong to no field.
+
+    Returns:
+        ``{"year": [...], "month": [...], "day": [...]}``, positions in increasing order.
+    """
+    found: dict[str, list[int]] = {"year": [], "month": [], "day": []}
+    runs = list(re.finditer(r"\d+|[A-Za-z]+", text))
+    digits = [r for r in runs if r.group().isdigit()]
+    if "/" in text:
+        four_first = bool(digits) and len(digits[0].group()) == 4
+        order: tuple[str, ...] | None = (
+            ("year", "month", "day") if four_first else ("month", "day", "year")
+        )
+    elif "." in text:
+        order = ("day", "month", "year")
+    else:
+        order = None
+    if order is not None and len(digits) != len(order):
+        raise ValueError(f"{text!r}: expected {len(order)} numbers, found {len(digits)}")
+    for k, r in enumerate(digits):
+        name = order[k] if order else ("year" if len(r.group()) == 4 else "day")
+        found[name] += range(r.start(), r.end())
+    for r in runs:
+        word = r.group().lower()
+        if len(word) >= 3 and any(m.lower().startswith(word) for m in MONTHS):
+            found["month"] += range(r.start(), r.end())
+    return {name: sorted(pos) for name, pos in found.items()}
 
 
 class DateTask:

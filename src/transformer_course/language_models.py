@@ -14,6 +14,12 @@ uncached run token for token:
   cache is rebuilt only once per jump (learned positions cannot slide one token at a time).
 
 A prompt longer than the context is therefore cropped to its last tokens.
+
+Also the two count-based baselines the chapter measures the GPT against (:func:`unigram_log_probs`,
+:func:`bigram_log_probs`), and the measurements of its section on exposure bias: teacher-forced and
+free-running greedy predictions (:func:`teacher_forced_vs_free_running`), and the loss on a true
+continuation after a prefix with replaced tokens (:func:`sample_under_teacher_forcing`,
+:func:`replace_prefix_tokens`, :func:`continuation_loss`).
 """
 
 from __future__ import annotations
@@ -45,13 +51,19 @@ __all__ = [
     "KVCache",
     "LMRecipe",
     "LMRun",
+    "bigram_log_probs",
+    "continuation_loss",
     "generate",
     "generate_text",
     "generate_with_logits",
     "gpt2_init",
     "next_token",
     "positions_processed",
+    "replace_prefix_tokens",
+    "sample_under_teacher_forcing",
+    "teacher_forced_vs_free_running",
     "train_char_lm",
+    "unigram_log_probs",
     "window_start",
 ]
 
@@ -123,7 +135,8 @@ def gpt2_init(module: nn.Module) -> None:
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Sizes of a GPT. ``block_size`` is the context length ``N``; ``n_layers`` is ``M``."""
+    """Sizes of a GPT. ``vocab_size`` is ``|V|``, ``block_size`` the context length
+    ``C``, ``n_layers`` the number of blocks ``L``, ``d_model`` the width ``D``, ``H`` the heads."""
 
     vocab_size: int = 65
     block_size: int = 256
@@ -152,20 +165,26 @@ SHAKESPEARE_GPU = GPTConfig(
 
 
 class GPT(nn.Module):
-    r"""A decoder-only transformer language model, book eq. ``eq-lm-head``.
+    r"""A decoder-only transformer language model, book eq. ``eq-lm-head``; one forward pass gives
+    every conditional of the chain rule, book eq. ``eq-lm-chain``.
 
-    .. math:: X^{(0)} = E[\mathbf{t}] + R,\qquad X^{(M)} = \mathrm{stack}(X^{(0)}),
+    .. math:: X^{(0)} = E[\mathbf{t}] + R,\qquad X^{(L)} = \mathrm{stack}(X^{(0)}),
 
               p(t_{n+1} \mid t_{\le n}) =
-              \operatorname{softmax}\big(\mathrm{LN}(X^{(M)}) W_\text{vocab}\big)_n
+              \operatorname{softmax}\big(\mathrm{LN}(X^{(L)}) W_\text{vocab}\big)_n
 
-    ``forward(idx (B, N), targets (B, N) | None, caches | None) -> (logits (B, N, V), loss | None)``.
+    with ``E`` the token table ``(|V|, D)``, ``R`` the learned positions ``(C, D)``, ``L`` blocks and
+    ``W_vocab = E^T`` when the weights are tied (Press & Wolf 2017).
+    ``forward(idx (B, N), targets (B, N) | None, caches | None) -> (logits (B, N, |V|), loss | None)``.
     The loss is the mean cross-entropy over all ``B * N`` positions (teacher forcing). With caches
     (:meth:`new_caches`), ``idx`` holds only the new tokens and positions continue from the cache.
     Token ids are checked against the vocabulary whenever a sequence starts; the tokens that continue
     a cache are the model's own choices and are not checked again (a check costs two host
     synchronisations per token on a GPU).
     """
+
+    # what :meth:`load` rebuilds the config as (a subclass may change it)
+    config_class: type = GPTConfig
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -243,7 +262,7 @@ class GPT(nn.Module):
     ) -> tuple[GPT, dict]:
         """Rebuild a model saved by :meth:`save`; returns ``(model, extra)``."""
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
-        model = cls(GPTConfig(**ckpt.pop("config")))
+        model = cls(cls.config_class(**ckpt.pop("config")))
         model.load_state_dict(ckpt.pop("state_dict"))
         return model, ckpt
 
@@ -386,6 +405,125 @@ def generate_text(
 
 
 # ---------------------------------------------------------------------------------------------------
+# Baselines: character counts
+
+
+def _check_ids(ids: Tensor, vocab_size: int, alpha: float, least: int) -> None:
+    if ids.dim() != 1 or ids.dtype not in (torch.long, torch.int32) or len(ids) < least:
+        raise ValueError(
+            f"ids must be a 1-D sequence of at least {least} integer token ids, got "
+            f"{ids.dtype} {tuple(ids.shape)}"
+        )
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got {ids.min()}..{ids.max()}")
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0 (1 is add-one smoothing), got {alpha}")
+
+
+def unigram_log_probs(ids: Tensor, vocab_size: int, alpha: float = 1.0) -> Tensor:
+    r"""Log-probabilities ``(|V|,)`` of the smoothed unigram model, book eq. ``eq-lm-ngram``:
+
+    .. math:: p(w) = \frac{c(w) + \alpha}{N + \alpha|\mathcal{V}|}
+
+    with ``c(w)`` the count of token ``w`` in ``ids`` (``N`` tokens); ``alpha = 1`` is add-one
+    (Laplace) smoothing, so an unseen token keeps a small probability. Float64.
+    """
+    _check_ids(ids, vocab_size, alpha, 1)
+    counts = torch.bincount(ids.long(), minlength=vocab_size).double()  # c(w)
+    return torch.log((counts + alpha) / (len(ids) + alpha * vocab_size))
+
+
+def bigram_log_probs(ids: Tensor, vocab_size: int, alpha: float = 1.0) -> Tensor:
+    r"""Log-probabilities ``(|V|, |V|)`` of the smoothed bigram model, book eq. ``eq-lm-ngram``:
+    row ``v`` is :math:`\log p(\cdot \mid v)`,
+
+    .. math:: p(w \mid v) = \frac{c(v, w) + \alpha}{\sum_{w'} c(v, w') + \alpha|\mathcal{V}|}
+
+    with ``c(v, w)`` the number of times ``w`` follows ``v`` in ``ids``. Float64.
+    """
+    _check_ids(ids, vocab_size, alpha, 2)
+    pairs = ids[:-1].long() * vocab_size + ids[1:].long()  # (v, w) as one index
+    counts = torch.bincount(pairs, minlength=vocab_size**2).double().view(vocab_size, vocab_size)
+    return torch.log((counts + alpha) / (counts.sum(dim=1, keepdim=True) + alpha * vocab_size))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exposure bias: what teacher forcing hides
+
+
+def teacher_forced_vs_free_running(
+    model: GPT, windows: Tensor, prompt_len: int
+) -> tuple[Tensor, Tensor]:
+    """Greedy predictions of the tokens after a true prompt, two ways (book eq. ``eq-lm-forced-free``).
+
+    ``windows`` ``(B, T)`` holds true text with ``T <= block_size``; the first ``prompt_len`` tokens
+    are the prompt. Returns ``(forced, free)``, each ``(B, T - prompt_len)``: ``forced[:, j]`` is the
+    arg-max prediction of token ``prompt_len + j`` given the **true** text before it (teacher
+    forcing, one forward pass), ``free[:, j]`` the token the model generates there greedily from the
+    prompt, conditioning on its **own** earlier output. Compare either with
+    ``windows[:, prompt_len:]``.
+    """
+    if windows.dim() != 2 or not 1 <= prompt_len < windows.shape[1]:
+        raise ValueError(
+            f"need windows (B, T) with 1 <= prompt_len < T, got {tuple(windows.shape)} and "
+            f"prompt_len={prompt_len}"
+        )
+    if windows.shape[1] > model.config.block_size:
+        raise ValueError(
+            f"windows of {windows.shape[1]} tokens exceed the context of "
+            f"{model.config.block_size}; use shorter windows"
+        )
+    with eval_mode(model), torch.no_grad():
+        logits = model(windows[:, :-1])[0]  # (B, T - 1, |V|): position n predicts token n + 1
+        forced = logits[:, prompt_len - 1 :].argmax(dim=-1)  # tokens prompt_len .. T - 1
+    n_new = windows.shape[1] - prompt_len
+    free = generate(model, windows[:, :prompt_len], n_new, greedy=True)[:, prompt_len:]
+    return forced, free
+
+
+def sample_under_teacher_forcing(
+    model: GPT, x: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
+    """For every position ``n >= 1`` of the true text ``x`` ``(B, N)``, a token drawn from
+    ``p(. | x[:, :n])`` (one teacher-forced pass; the input scheduled sampling feeds); position 0 is
+    ``x[:, 0]``. Returns ``(B, N)``. Draws on the CPU from ``generator``."""
+    with eval_mode(model), torch.no_grad():
+        probs = torch.softmax(model(x[:, :-1])[0].float(), dim=-1)  # (B, N - 1, |V|)
+    drawn = torch.multinomial(probs.flatten(0, 1).cpu(), 1, generator=generator)
+    return torch.cat([x[:, :1], drawn.view(x.shape[0], -1).to(x.device)], dim=1)
+
+
+def replace_prefix_tokens(
+    x: Tensor,
+    replacement: Tensor,
+    rho: float,
+    prefix_len: int,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """``x`` ``(B, N)`` with each of its first ``prefix_len`` tokens, independently with probability
+    ``rho``, replaced by the token of ``replacement`` (same shape) at the same place; the tokens
+    from ``prefix_len`` on are kept. The coin flips are drawn on the CPU from ``generator``."""
+    if replacement.shape != x.shape or not 0.0 <= rho <= 1.0:
+        raise ValueError(
+            f"need replacement of shape {tuple(x.shape)} and 0 <= rho <= 1, got "
+            f"{tuple(replacement.shape)} and rho={rho}"
+        )
+    where = torch.rand(x.shape, generator=generator) < rho  # (B, N) bool, on the CPU
+    where[:, prefix_len:] = False
+    return torch.where(where.to(x.device), replacement, x)
+
+
+def continuation_loss(model: GPT, x: Tensor, y: Tensor, prefix_len: int) -> Tensor:
+    """Per-token loss ``(B, N - prefix_len + 1)`` of the true continuation: the cross-entropy of
+    ``y[:, n]`` (the token after ``x[:, n]``) for ``n = prefix_len - 1, ..., N - 1``, each predicted
+    from ``x[:, :n + 1]``, which may hold replaced tokens in its prefix (:func:`replace_prefix_tokens`).
+    """
+    with eval_mode(model), torch.no_grad():
+        logits = model(x)[0][:, prefix_len - 1 :]  # (B, N - prefix_len + 1, |V|)
+    return F.cross_entropy(logits.transpose(1, 2).float(), y[:, prefix_len - 1 :], reduction="none")
+
+
+# ---------------------------------------------------------------------------------------------------
 # The recipe: a character-level GPT on tiny-shakespeare
 
 
@@ -443,18 +581,22 @@ def train_char_lm(
     steps: int | None = None,
     seed: int = 0,
     progress: bool = False,
+    model_cls: type[GPT] | None = None,
 ) -> LMRun:
     """Train a character GPT on tiny-shakespeare with ``recipe`` (``steps`` shortens it).
 
     The one training run of chapter 7, its lab and ``bench/lm.py``: the tokenizer is built from the
     whole text, the model is seeded with ``seed``, batches are random windows of the training part.
+    ``model_cls`` (default :class:`GPT`) swaps the model class only, e.g. the modern model of
+    chapter 13 (:func:`.extensions.train_modern_lm`); split, batches and loop stay the same.
     """
+    model_cls = GPT if model_cls is None else model_cls
     recipe = recipe.with_steps(steps)
     torch.manual_seed(seed)
     text = tinyshakespeare_text()
     tok = CharTokenizer.from_text(text)
     train_ids, val_ids = train_val_split(tok.encode_tensor(text))
-    model = GPT(dataclasses.replace(recipe.model, vocab_size=tok.vocab_size)).to(device)
+    model = model_cls(dataclasses.replace(recipe.model, vocab_size=tok.vocab_size)).to(device)
     C, B = model.config.block_size, recipe.batch_size
     held_out = torch.Generator().manual_seed(1234)
     val_batches = [get_batch(val_ids, C, B, held_out, device) for _ in range(recipe.eval_batches)]

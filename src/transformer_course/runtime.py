@@ -58,7 +58,9 @@ def default_device(prefer: str | None = None) -> torch.device:
     if wanted is None:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if device.type == "cpu" and not _fallback_noted:
-            print("note: no CUDA GPU is visible, so this runs on the CPU (everything works, slower)")
+            print(
+                "note: no CUDA GPU is visible, so this runs on the CPU (everything works, slower)"
+            )
             _fallback_noted = True
     else:
         try:

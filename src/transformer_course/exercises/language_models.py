@@ -46,8 +46,9 @@ def _row_scores(gen: torch.Generator, trial: int) -> tuple[Tensor]:
     rows_sum_to_one=True,
     mistakes=[
         Mistake(
-            "your mask lets each query see the future (keys m > n) and hides the past: MIT's M is "
-            "lower triangular, 0 on and below the diagonal and -inf above it (torch.tril, not triu).",
+            "your mask lets each query see the future (keys m > n) and hides the past: the keys a "
+            "query may see form the lower triangle (torch.tril, not triu), so MIT's M is 0 on and "
+            "below the diagonal and -inf strictly above it.",
             lambda S: torch.softmax(S + _additive(torch.ones(S.shape[-2:]).bool().triu()), dim=-1),
         ),
         Mistake(
@@ -89,9 +90,9 @@ def _column_scores(gen: torch.Generator, trial: int) -> tuple[Tensor]:
     make_inputs=_column_scores,
     mistakes=[
         Mistake(
-            "you used MIT's lower-triangular mask on Turner's [n', n] indices, so column n attends to "
-            "the future (n' >= n). Turner's matrix is the transpose: keep the upper triangle "
-            "(n' <= n).",
+            "you kept the row form's lower-triangular pattern on Turner's [n', n] indices, so "
+            "column n sees the future (n' >= n). Turner's matrix is the transpose: keep the upper "
+            "triangle (n' <= n).",
             lambda S: torch.softmax(S + _additive(torch.ones(S.shape).bool().tril()), dim=0),
         ),
         Mistake(
