@@ -567,19 +567,6 @@ def test_conv_exercise_mistakes_are_told_apart_on_the_even_trial():
     torch.testing.assert_close(centre_half.wrong(weight3, N3), ex.solution(weight3, N3))
 
 
-@pytest.mark.parametrize(
-    "name", ["relations.linear_attention_recurrent", "relations.graph_attention"]
-)
-def test_mistakes_differ_from_the_solution_on_every_trial(name):
-    ex = _get(name)
-    for trial in range(ex.trials):
-        args = ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
-        expected = ex.solution(*args)
-        for mistake in ex.mistakes:
-            got = mistake.wrong(*args)
-            assert got.shape != expected.shape or not torch.allclose(got, expected), mistake.why
-
-
 def test_linear_exercise_solution_is_the_package():
     ex = _get("relations.linear_attention_recurrent")
     for trial in range(ex.trials):
