@@ -15,6 +15,7 @@ from transformer_course.block import (
     PostNormBlock,
     PreNormBlock,
     TransformerStack,
+    gelu,
     layer_norm_reference,
 )
 from transformer_course.exercises import _sizes
@@ -95,6 +96,32 @@ def test_layernorm_normalises_each_token():
     Y = layer_norm_reference(torch.randn(6, 32) * 5 + 3, torch.ones(32), torch.zeros(32), eps=0.0)
     torch.testing.assert_close(Y.mean(-1), torch.zeros(6), atol=1e-6, rtol=0)
     torch.testing.assert_close(Y.var(-1, unbiased=False), torch.ones(6), atol=1e-5, rtol=0)
+
+
+def test_gelu_is_x_times_the_normal_cdf_not_its_tanh_approximation():
+    """eq-block-gelu: exact GELU, x (1 + erf(x / sqrt 2)) / 2, entry by entry; the MLP uses it."""
+    import math
+
+    x = torch.linspace(-6, 6, 241, dtype=torch.float64)
+    by_erf = torch.tensor(
+        [v / 2 * (1 + math.erf(v / math.sqrt(2))) for v in x.tolist()], dtype=torch.float64
+    )
+    torch.testing.assert_close(gelu(x), by_erf, atol=1e-15, rtol=0)
+    tanh_form = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    assert (gelu(x) - tanh_form).abs().max() > 1e-5  # the approximation is another function
+    # derivative Phi(x) + x phi(x): non-zero for negative x except at GELU's minimum (x ~ -0.75)
+    x_neg = torch.tensor([-3.0, -1.5, -0.5, -0.1], dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(gelu(x_neg).sum(), x_neg)
+    cdf = 0.5 * (1 + torch.erf(x_neg.detach() / math.sqrt(2)))
+    pdf = torch.exp(-(x_neg.detach() ** 2) / 2) / math.sqrt(2 * math.pi)
+    torch.testing.assert_close(g, cdf + x_neg.detach() * pdf, atol=1e-15, rtol=0)
+    assert (g != 0).all()
+    torch.manual_seed(0)
+    mlp = MLP(4, 8, "gelu").double()
+    X = torch.randn(3, 4, dtype=torch.float64)
+    W_1, b_1 = mlp.fc1.weight.detach().T, mlp.fc1.bias.detach()
+    W_2, b_2 = mlp.fc2.weight.detach().T, mlp.fc2.bias.detach()
+    torch.testing.assert_close(mlp(X), gelu(X @ W_1 + b_1) @ W_2 + b_2, atol=1e-14, rtol=0)
 
 
 def test_mlp_is_token_wise():

@@ -177,3 +177,29 @@ def test_cached_execution_reruns_a_page_when_the_code_it_imports_changes(tmp_pat
     (book / "lib" / "value.py").write_text("V = 2\n")
     log, html = build_and_read()  # the imported code changed: the page runs again
     assert "Executing notebook" in log and "VALUE 2" in html
+
+
+def test_every_labelled_equation_links_to_its_index_entry(html: pathlib.Path):
+    """Each labelled equation on a chapter page is followed by a link to its row in the equation
+    index, also when several equations stand before one code cell."""
+    missing = []
+    for page in sorted((ROOT / "book").glob("*.md")):
+        labels = re.findall(r"^:label: (eq-[\w-]+)", page.read_text(), flags=re.M)
+        if not labels or page.stem == "equations":
+            continue
+        out = (html / "book" / page.name).with_suffix(".html").read_text()
+        missing += [f"{page.stem}:{lab}" for lab in labels if f"#eqindex-{lab.lower()}" not in out]
+    assert not missing, f"equations with no link to their index entry: {missing}"
+
+
+def test_code_shows_equation_numbers_not_labels(html: pathlib.Path):
+    """``(eq-label)`` in code cells, outputs and literal includes is shown as the reader's number."""
+    raw = {}
+    for page in (html / "book").glob("*.html"):
+        blocks = re.findall(r'<div class="highlight">(.*?)</div>', page.read_text(), flags=re.S)
+        hits = [m for b in blocks for m in re.findall(r"\(eq-[\w-]+\)", re.sub(r"<[^>]+>", "", b))]
+        if hits:
+            raw[page.stem] = hits[:3]
+    assert not raw, f"raw equation labels in code: {raw}"
+    self_attention = (html / "book" / "self_attention.html").read_text()
+    assert re.search(r"✓ \(3\.\d+\) ", self_attention), "no verdict line with a (3.n) number"

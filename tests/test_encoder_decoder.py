@@ -14,6 +14,7 @@ from transformer_course.encoder_decoder import (
     DecoderBlock,
     Seq2Seq,
     Seq2SeqConfig,
+    decoder_mask,
     exact_match,
     train_dates,
 )
@@ -66,6 +67,45 @@ def test_padding_in_the_source_is_invisible():
         b = model.decode(tgt[:, :-1], model.decoder.memory_kv(H), keep)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     assert memory2.shape == memory.shape
+
+
+def test_decode_is_the_vocabulary_head_on_the_normalised_decoder_output():
+    """eq-ed-head: decode = LN(X^(L_d)) W_vocab, with the memory's keys and values computed once."""
+    torch.manual_seed(1)
+    cfg = Seq2SeqConfig(
+        TASK.vocab_size, TASK.vocab_size, TASK.src_len, TASK.tgt_len, d_model=16, H=2
+    )
+    model = Seq2Seq(cfg).double().eval()
+    src, tgt = TASK.tensors(TASK.sample(3, seed=5))
+    with torch.no_grad():
+        memory, keep = model.encode(src)
+        kv = model.decoder.memory_kv(memory)
+        logits = model.decode(tgt[:, :-1], kv, keep)
+        X = model.tgt_pos(model.tgt_emb(tgt[:, :-1]))
+        for block, kv_m in zip(model.decoder.blocks, kv, strict=True):
+            X = block(X, kv_m, keep[:, None, :].expand(-1, X.shape[1], -1))
+        expected = model.decoder.final_norm(X) @ model.head.weight.T
+    torch.testing.assert_close(logits, expected, atol=1e-12, rtol=0)
+    assert not torch.allclose(logits, X @ model.head.weight.T)  # the final LayerNorm matters
+
+
+def test_decoder_mask_is_causal_and_hides_padded_keys():
+    """eq-ed-decmask written out, the exercise's solution, and what a causal layer combines."""
+    tokens = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 2, 0, 0]])
+    mask = decoder_mask(tokens, 0)
+    for b in range(2):
+        for n in range(5):
+            for m in range(5):
+                assert bool(mask[b, n, m]) == (m <= n and int(tokens[b, m]) != 0)
+    assert torch.equal(mask, ee.causal_padding_mask.__wrapped__(tokens, 0))
+    causal = SelfAttention(8, 2, causal=True).double().eval()
+    plain = SelfAttention(8, 2).double().eval()
+    plain.load_state_dict(causal.state_dict())
+    X = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            plain(X, mask), causal(X, (tokens != 0)[:, None, :].expand(-1, 5, -1))
+        )
 
 
 def test_cached_decoding_equals_uncached():
@@ -158,6 +198,7 @@ NAMES = [
     "encoder_decoder.key_padding_mask",
     "encoder_decoder.cross_attention",
     "encoder_decoder.causal_padding_mask",
+    "encoder_decoder.seq2seq",
 ]
 
 
@@ -326,3 +367,145 @@ def test_greedy_decode_takes_the_argmax_at_every_step_and_pads_after_eos():
                 prefix.append(int(logits[0, -1].argmax()))
             expected = prefix + [TASK.PAD] * (TASK.tgt_len - len(prefix))
             assert out[b].tolist() == expected, b
+
+
+# ----------------------------------------------------------------------------------------------
+# The assembly exercise: the learner's Seq2Seq, checked with the package's weights loaded into it
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread, most of all on a busy CPU (as the checker runs them)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_assembly_solution_is_the_package_model_with_its_weights(one_thread):
+    for config, src, tgt in ee._seq2seq_cases():
+        package = ee.package_seq2seq(config)
+        mine = ee.Seq2Seq(config).double().eval()
+        mine.load_state_dict(package.state_dict())  # strict: the same names and shapes
+        with torch.no_grad():
+            torch.testing.assert_close(
+                mine(src, tgt), package(src, tgt[:, :-1])[0], atol=1e-12, rtol=0
+            )
+        assert (src == TASK.PAD).any(), "the checker's sources must hold padding"
+    assert not (ee._seq2seq_cases()[1][1] == TASK.PAD).all(dim=1).any()
+
+
+def test_every_assembly_mistake_differs_from_the_solution_and_from_each_other(one_thread):
+    """On every case each wrong model's logits differ clearly from the right ones and from every other
+    wrong model's, so the checker names the mistake that was made, not another one."""
+    for config, src, tgt in ee._seq2seq_cases():
+        package = ee.package_seq2seq(config)
+        outs = {"solution": ee._logits(ee.Seq2Seq, package, src, tgt)}
+        outs |= {
+            m.wrong.__name__: ee._logits(m.wrong, package, src, tgt) for m in ee.SEQ2SEQ_MISTAKES
+        }
+        names = list(outs)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                x, y = outs[a], outs[b]
+                assert x.shape != y.shape or (x - y).abs().max() > 1e-3, (a, b)
+    assert len(ee.SEQ2SEQ_MISTAKES) >= 5
+
+
+def test_the_assembly_checker_leaves_the_rng_and_threads_alone():
+    threads = torch.get_num_threads()
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    assert tc.exercises.check("encoder_decoder.seq2seq", ee.Seq2Seq)
+    torch.testing.assert_close(torch.rand(3), expected)
+    assert torch.get_num_threads() == threads
+
+
+def test_the_assembly_checker_explains_what_no_single_mistake_does():
+    from torch import nn
+
+    from transformer_course.block import PostNormBlock, TransformerStack
+
+    def check(cls):
+        return tc.exercises.check("encoder_decoder.seq2seq", cls)
+
+    class Stub(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            raise NotImplementedError
+
+    class HeadWithBias(ee.Seq2Seq):
+        def __init__(self, config):
+            super().__init__(config)
+            self.head = nn.Linear(config.d_model, config.tgt_vocab)
+
+    class PostNormEncoder(ee.Seq2Seq):
+        def __init__(self, config):
+            super().__init__(config)
+            c = config
+            self.encoder = TransformerStack(PostNormBlock, c.n_encoder_layers, c.d_model, c.H)
+
+    class SwappedVocabularies(ee.Seq2Seq):
+        def __init__(self, config):
+            super().__init__(config)
+            self.src_emb = nn.Embedding(config.tgt_vocab, config.d_model)
+
+    class ReturnsLoss(ee.Seq2Seq):
+        def forward(self, src, tgt):
+            return super().forward(src, tgt), None
+
+    class ReLUEncoderOnly(ee.Seq2Seq):
+        def __init__(self, config):
+            super().__init__(config)
+            for block in self.encoder.blocks:
+                block.mlp.act = torch.relu
+
+    class ReLUDecoderOnly(ee.Seq2Seq):
+        def __init__(self, config):
+            super().__init__(config)
+            for block in self.decoder.blocks:
+                block.mlp.act = torch.relu
+
+    class TwoMistakes(ee._Assembly):  # no cross mask and no target positions
+        cross_mask, target_positions = False, False
+
+    class NotItself(ee.Seq2Seq):  # the encoder's mask also hides each token from itself
+        def forward(self, src, tgt):
+            M, N = src.shape[1], tgt.shape[1] - 1
+            keep = src != self.pad_id
+            mask = keep[:, None, :] & ~torch.eye(M, dtype=torch.bool)
+            memory = self.encoder(self.src_pos(self.src_emb(src)), mask)
+            X = self.tgt_pos(self.tgt_emb(tgt[:, :-1]))
+            X = self.decoder(X, self.decoder.memory_kv(memory), keep[:, None, :].expand(-1, N, -1))
+            return self.head(X)
+
+    class CausalMaskOnly(ee.Seq2Seq):
+        def forward(self, src, tgt):
+            M, N = src.shape[1], tgt.shape[1] - 1
+            keep = src != self.pad_id
+            causal = torch.ones(M, M, dtype=torch.bool).tril()
+            memory = self.encoder(self.src_pos(self.src_emb(src)), causal)
+            X = self.tgt_pos(self.tgt_emb(tgt[:, :-1]))
+            X = self.decoder(X, self.decoder.memory_kv(memory), keep[:, None, :].expand(-1, N, -1))
+            return self.head(X)
+
+    assert check(None).status == "not attempted"
+    assert check(Stub).status == "not attempted"
+    assert "not an instance" in check(ee.Seq2Seq(ee._seq2seq_cases()[0][0])).message
+    assert "has a bias" in check(HeadWithBias).message
+    assert "no final LayerNorm" in check(PostNormEncoder).message
+    fb = check(SwappedVocabularies)
+    assert "`src_emb.weight` has shape" in fb.message and "src_vocab for the source" in fb.message
+    assert "return the logits alone" in check(ReturnsLoss).message
+    assert "encoder's output differs" in check(ReLUEncoderOnly).message
+    assert "decoder blocks' output differs" in check(ReLUDecoderOnly).message
+    fb = check(TwoMistakes)
+    assert fb.status == "incorrect" and "decoder's input differs" in fb.message
+    assert "self-attention mask differs" in check(NotItself).message
+    # an encoder mask that is only causal equals a causal encoder with the padding mask: with the
+    # padding on the right, no real token has a padded key in its past
+    fb = check(CausalMaskOnly)
+    assert fb.status == "incorrect" and "your encoder is causal" in fb.message
+    fb = check(tc.encoder_decoder.Seq2Seq)  # the package's class returns (logits, loss)
+    assert fb.status == "incorrect" and "tuple" in fb.message

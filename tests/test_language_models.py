@@ -19,12 +19,15 @@ from transformer_course.language_models import (
     TINY,
     GPTConfig,
     KVCache,
+    attention_maps,
     bigram_log_probs,
+    bits_per_token,
     continuation_loss,
     generate,
     generate_text,
     generate_with_logits,
     next_token,
+    perplexity,
     positions_processed,
     replace_prefix_tokens,
     sample_under_teacher_forcing,
@@ -223,6 +226,59 @@ def test_zero_new_tokens_returns_the_prompt_and_negative_is_an_error():
     assert torch.equal(out, idx) and logits.shape == (2, 0, TINY.vocab_size)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, idx, -1)
+
+
+def test_generate_can_return_the_logits_it_chose_from(model):
+    idx = torch.randint(0, 65, (2, 3), generator=torch.Generator().manual_seed(5))
+    out = generate(model, idx, 12, greedy=True)
+    out2, logits = generate(model, idx, 12, greedy=True, return_logits=True)
+    assert isinstance(out, torch.Tensor) and torch.equal(out, out2)
+    assert logits.shape == (2, 12, TINY.vocab_size)
+    assert torch.equal(logits.argmax(-1), out[:, 3:])  # greedy: each token is its logits' arg-max
+    out3, logits3 = generate_with_logits(model, idx, 12, greedy=True)
+    assert torch.equal(out3, out) and torch.equal(logits3, logits)
+
+
+# ----------------------------------------------------------------------------------------------
+# Perplexity, bits per character and what the heads attend to
+
+
+def test_perplexity_and_bits_per_token():
+    p = torch.tensor([0.5, 0.25, 0.125, 0.8], dtype=torch.float64)  # probabilities of the targets
+    nll = -p.log()
+    geometric = math.prod((1 / p).tolist()) ** (1 / len(p))
+    assert math.isclose(perplexity(nll), geometric, rel_tol=1e-12)
+    assert math.isclose(
+        bits_per_token(nll), -sum(math.log2(q) for q in p.tolist()) / 4, rel_tol=1e-12
+    )
+    uniform = torch.full((10,), math.log(65))
+    assert math.isclose(perplexity(uniform), 65, rel_tol=1e-6)
+    assert math.isclose(bits_per_token(uniform), math.log2(65), rel_tol=1e-6)
+    assert perplexity(nll) < (1 / p).mean().item()  # not the arithmetic mean of 1/p
+    for bad in (torch.tensor([]), torch.tensor([-0.1, 1.0]), torch.tensor([float("inf")])):
+        with pytest.raises(ValueError, match="negative log-likelihood"):
+            perplexity(bad)
+
+
+def test_attention_maps_recompute_each_blocks_causal_weights(model):
+    idx = torch.randint(0, 65, (2, 10), generator=torch.Generator().manual_seed(6))
+    maps = attention_maps(model, idx)
+    assert len(maps) == TINY.n_layers and all(A.shape == (2, TINY.H, 10, 10) for A in maps)
+    with torch.no_grad():  # block by block: LN, then the layer's weights, then the block itself
+        X = model.pos_emb(model.tok_emb(idx))
+        for A, block in zip(maps, model.stack.blocks, strict=True):
+            Q, K, _ = block.attn.project(block.norm1(X))
+            S = Q @ K.transpose(-2, -1) / math.sqrt(TINY.d_model // TINY.H)
+            expected = torch.softmax(S.masked_fill(~causal_mask(10), float("-inf")), dim=-1)
+            torch.testing.assert_close(A, expected, atol=1e-6, rtol=0)
+            X = block(X)
+    for A in maps:
+        torch.testing.assert_close(A.sum(-1), torch.ones(2, TINY.H, 10))
+        assert torch.equal(A.triu(1), torch.zeros_like(A))  # no weight on later tokens
+    assert all(not blk.attn._forward_pre_hooks for blk in model.stack.blocks)  # hooks removed
+    assert model.training is False and maps[0].grad_fn is None
+    with pytest.raises(ValueError, match=r"shape \(B, N\)"):
+        attention_maps(model, idx[0])
 
 
 # ----------------------------------------------------------------------------------------------

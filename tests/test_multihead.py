@@ -138,6 +138,38 @@ def test_bad_input_is_explained():
         multi_head_attention_reference(torch.randn(3, 8), w, w, w, torch.randn(8, 4), H=2)
 
 
+def test_reference_takes_values_of_another_width_than_queries_and_keys():
+    """W_q, W_k (D, H d_k), W_v (D, H d_v), W_o (H d_v, D): each head by hand, then concatenated."""
+    g = torch.Generator().manual_seed(6)
+    N, D, H, d_k, d_v = 5, 6, 3, 2, 6  # d_v = D: Turner's free V_h as a concat layer
+    X = torch.randn(N, D, generator=g, dtype=torch.float64)
+    W_q, W_k = (torch.randn(D, H * d_k, generator=g, dtype=torch.float64) for _ in range(2))
+    W_v = torch.randn(D, H * d_v, generator=g, dtype=torch.float64)
+    W_o = torch.randn(H * d_v, D, generator=g, dtype=torch.float64)
+    heads = []
+    for h in range(H):
+        Q_h, K_h = X @ W_q[:, h * d_k : (h + 1) * d_k], X @ W_k[:, h * d_k : (h + 1) * d_k]
+        A_h = torch.softmax(Q_h @ K_h.T / d_k**0.5, dim=-1)
+        heads.append(A_h @ X @ W_v[:, h * d_v : (h + 1) * d_v])
+    expected = torch.cat(heads, dim=-1) @ W_o
+    Y = multi_head_attention_reference(X, W_q, W_k, W_v, W_o, H)
+    torch.testing.assert_close(Y, expected, atol=1e-12, rtol=0)
+    # with W_o = stacked identities, each head's D x D value map is Turner's V_h^T
+    V = torch.stack([W_v[:, h * D : (h + 1) * D].T for h in range(H)])  # (H, D, D)
+    U_q, U_k = W_q.T.reshape(H, d_k, D), W_k.T.reshape(H, d_k, D)
+    eye = torch.eye(D, dtype=torch.float64).repeat(H, 1)  # (H D, D)
+    Y_turner = tc.notation.turner_multi_head_self_attention(X.T, U_q, U_k, V)
+    Y_concat = multi_head_attention_reference(X, W_q, W_k, W_v, eye, H)
+    torch.testing.assert_close(Y_concat, Y_turner.T, atol=1e-12, rtol=0)
+    with pytest.raises(
+        ValueError, match=r"W_o has shape \(6, 6\) but must be \(H\*d_v, D\) = \(18, 6\)"
+    ):
+        multi_head_attention_reference(X, W_q, W_k, W_v, torch.randn(6, 6), H)
+    with pytest.raises(ValueError, match=r"W_q has shape \(6, 5\) but must be \(D, H\*d\)"):
+        w = torch.randn(6, 5)
+        multi_head_attention_reference(X, w, w, W_v, W_o, H)
+
+
 def test_fully_masked_query_gives_zero_attention_output():
     torch.manual_seed(3)
     mha = SelfAttention(8, 2, bias=False)
@@ -153,6 +185,7 @@ def test_fully_masked_query_gives_zero_attention_output():
 
 NAMES = [
     "multihead.attention",
+    "multihead.layer",
     "multihead.merge_heads",
     "multihead.param_count",
     "multihead.split_heads",
@@ -241,3 +274,122 @@ def test_param_count_accepts_a_tuple_of_ints():
         return 4 * D * D + 4 * D * bias, H * (2 * (D // H) * D + D * D)
 
     assert tc.exercises.check("multihead.param_count", as_ints)
+
+
+# ----------------------------------------------------------------------------------------------
+# The layer exercise (Lab 4, section 3): the learner's nn.Module, checked with the package's weights
+
+
+
+def _layer_case(trial):
+    ex = tc.exercises._get("multihead.layer")
+    return ex, *ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
+
+
+def test_layer_solution_equals_the_package_layer_with_its_weights_by_name():
+    for trial in range(3):
+        _, X, layer = _layer_case(trial)
+        state = mh.lab_state_dict(layer)
+        assert sorted(state) == sorted(mh.LAB_NAMES)
+        W = layer.weights  # the course's X @ W convention: nn.Linear's weight is W^T
+        for name in ("W_q", "W_k", "W_v", "W_o"):
+            assert torch.equal(state[f"{name}.weight"], W[name].T)
+        with torch.no_grad():
+            expected = layer(X)
+            Y = mh._run(mh.MultiHeadSelfAttention, X, layer)
+            ref = multi_head_attention_reference(X, **W, H=layer.H)  # biases are not in W
+        torch.testing.assert_close(Y, expected, atol=1e-12, rtol=0)
+        assert (Y - ref).abs().max() > 1e-3  # so the biases count: a layer without them fails
+
+
+def test_layer_mistakes_differ_from_the_package_and_from_each_other_on_every_trial():
+    """Every wrong layer is caught on every trial, and no two give the same output, so the checker's
+    first matching mistake is the one the learner made."""
+    for trial in range(3):
+        ex, X, layer = _layer_case(trial)
+        with torch.no_grad():
+            expected = layer(X)
+        outputs = {m.wrong.__name__: mh._run(m.wrong, X, layer) for m in ex.mistakes}
+        assert len(outputs) == len(ex.mistakes) >= 5
+        for name, Y in outputs.items():
+            assert Y.shape == expected.shape, name
+            assert (Y - expected).abs().max() > 1e-2, (trial, name)
+        names = list(outputs)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                assert (outputs[a] - outputs[b]).abs().max() > 1e-2, (trial, a, b)
+
+
+def test_layer_checker_names_each_mistake_and_accepts_other_correct_layers():
+    name = "multihead.layer"
+    for mistake in tc.exercises._get(name).mistakes:
+        feedback = tc.exercises.check(name, mistake.wrong)
+        assert feedback.status == "incorrect" and mistake.why in feedback.message
+
+    class HeadByHead(nn.Module):  # a loop over heads with PyTorch's kernel: also right
+        def __init__(self, D, H):
+            super().__init__()
+            self.H = H
+            self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(D, D) for _ in range(4))
+
+        def forward(self, X):
+            d_k = X.shape[-1] // self.H
+            Q, K, V = self.W_q(X), self.W_k(X), self.W_v(X)
+            heads = []
+            for h in range(self.H):
+                s = slice(h * d_k, (h + 1) * d_k)
+                heads.append(
+                    nn.functional.scaled_dot_product_attention(Q[..., s], K[..., s], V[..., s])
+                )
+            return self.W_o(torch.cat(heads, dim=-1))
+
+    assert tc.exercises.check(name, HeadByHead).status == "correct"
+
+
+def test_layer_checker_explains_what_it_cannot_run():
+    name = "multihead.layer"
+
+    class Skeleton(nn.Module):
+        def __init__(self, D, H):
+            super().__init__()
+            raise NotImplementedError
+
+    class ExplicitParameters(nn.Module):
+        def __init__(self, D, H):
+            super().__init__()
+            self.W_q = nn.Parameter(torch.randn(D, D))
+
+        def forward(self, X):
+            return X @ self.W_q
+
+    class Crashes(nn.Module):
+        def __init__(self, D, H):
+            super().__init__()
+            self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(D, D) for _ in range(4))
+
+        def forward(self, X):
+            return self.W_q(X) @ self.W_k(X)  # (B, N, D) @ (B, N, D): not conformable
+
+    assert tc.exercises.check(name, Skeleton).status == "not attempted"
+    assert tc.exercises.check(name, None).status == "not attempted"
+    fb = tc.exercises.check(name, ExplicitParameters)
+    assert fb.status == "incorrect" and "no parameter `W_q.weight`" in fb.message
+    assert "nn.Linear(D, D)" in fb.message
+    fb = tc.exercises.check(name, Crashes)
+    assert fb.status == "error" and "RuntimeError" in fb.message and "line" in fb.message
+    fb = tc.exercises.check(name, mh.MultiHeadSelfAttention(6, 2))
+    assert fb.status == "incorrect" and "pass the class itself" in fb.message
+
+
+def test_layer_checker_leaves_the_random_state_alone():
+    torch.manual_seed(0)
+    tc.exercises.check("multihead.layer", mh.MultiHeadSelfAttention)
+    after = torch.randn(3)
+    torch.manual_seed(0)
+    assert torch.equal(after, torch.randn(3))  # a lab's later cells draw the same numbers
+
+
+def test_layer_solution_is_printed_as_a_class(capsys):
+    src = tc.exercises.solution("multihead.layer")
+    assert src.startswith("class MultiHeadSelfAttention(nn.Module):")
+    assert len(src.strip().splitlines()) <= 22  # "about 20 lines"

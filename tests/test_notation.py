@@ -1,9 +1,33 @@
-"""Turner's column form equals the course's row form, number for number."""
+"""Turner's column form equals the course's row form, number for number; and the glossary guard.
+
+The glossary guard (issue 22, "Notation"): the glossary of ``book/notation.md`` is the authority for
+the symbols the chapters share, and no chapter may list one of them among its own symbols.
+
+How a symbol is written in the glossary of ``book/notation.md`` and in a chapter's front matter.
+
+* The glossary is the Markdown table under ``## Glossary`` whose header is
+  ``| symbol | code | shape | meaning |``. Its symbol cell holds one or more ``$...$`` spans separated
+  by commas and nothing else; each symbol maps to the row's meaning. No cell may contain a bare ``|``
+  (write ``\\lvert``/``\\rvert``).
+* A chapter lists the symbols it defines itself in its front matter, ``local_symbols:``, a YAML
+  mapping from the symbol's LaTeX source (single-quoted, with or without the surrounding ``$``; a
+  key may also list several ``$...$`` spans) to its meaning.
+* Two symbols are the same when their normal forms (:func:`normalise`) agree: whitespace removed
+  (except the one space that ends a control word before a letter), a one-token subscript,
+  superscript or font argument put in braces (``W_o`` = ``W_{o}``, ``\\mathbf x`` = ``\\mathbf{x}``),
+  ``\\mathrm`` read as ``\\text``. The font is part of a symbol (``\\mathcal{M}`` is not ``M``), but a
+  bold letter is no new symbol: a chapter's ``\\mathbf{s}_n`` clashes with the glossary's ``s_n``
+  (:func:`unbold`).
+"""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+import yaml
+from pages import CHAPTERS, ROOT
 
 from transformer_course.notation import (
     columns_to_rows,
@@ -89,3 +113,210 @@ def test_column_form_takes_one_sequence_and_says_so():
                 atol=1e-12,
                 rtol=0,
             )
+
+
+# --------------------------------------------------------------------------------------------------
+# The glossary guard (issue 22, "Notation"): one meaning per shared symbol.
+# --------------------------------------------------------------------------------------------------
+
+
+GLOSSARY_PAGE = ROOT / "book" / "notation.md"
+_GLOSSARY_HEADER = "| symbol | code | shape | meaning |"
+_MATH_SPAN = re.compile(r"\$([^$]+)\$")
+_ONE_TOKEN = r"(\\[A-Za-z]+|[^\s{}\\])"
+_FONTS = r"mathbf|boldsymbol|bm|pmb|mathcal|mathbb|mathrm|mathit|mathsf|mathfrak|text|operatorname"
+_BOLD = re.compile(r"\\(?:mathbf|boldsymbol|bm|pmb)\{((?:[^{}]|\{[^{}]*\})*)\}")
+
+
+def normalise(symbol: str) -> str:
+    """The normal form of a symbol's LaTeX source, for comparing two spellings of one symbol."""
+    s = symbol.strip()
+    if s.startswith("$") and s.endswith("$"):
+        s = s.strip("$").strip()
+    s = re.sub(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])", lambda m: m.group(1) + "\x00", s)
+    s = re.sub(r"\s+", "", s).replace("\x00", " ")
+    s = re.sub(rf"\\({_FONTS})(?!\{{)\s*{_ONE_TOKEN}", r"\\\1{\2}", s)
+    s = re.sub(rf"([_^])(?!\{{)(\\(?:{_FONTS})\{{[^{{}}]*\}}|{_ONE_TOKEN})", r"\1{\2}", s)
+    return s.replace("\\mathrm{", "\\text{")
+
+
+def unbold(symbol: str) -> str:
+    """A normal form with bold removed: ``\\mathbf{s}_{n}`` -> ``s_{n}``."""
+    s = normalise(symbol)
+    while (t := _BOLD.sub(r"\1", s)) != s:
+        s = t
+    return s
+
+
+def _split_commas(text: str) -> list[str]:
+    """``text`` split at the commas outside braces: ``a_{n,m}, b`` -> ``a_{n,m}``, ``b``."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return [p.strip() for p in [*parts, text[start:]] if p.strip()]
+
+
+def _symbols_of(cell: str) -> list[str]:
+    """The symbols of a glossary cell or a local_symbols key: ``$...$`` spans separated by commas, or
+    (in a key without ``$``) LaTeX symbols separated by commas outside braces."""
+    spans = _MATH_SPAN.findall(cell)
+    if not spans:
+        return _split_commas(cell)
+    rest = _MATH_SPAN.sub("", cell)
+    if rest.replace(",", "").strip():
+        raise ValueError(f"{cell!r}: only $...$ spans separated by commas may stand here")
+    return spans
+
+
+def glossary_rows(text: str) -> list[tuple[list[str], str]]:
+    """(symbols, meaning) for each row of the glossary table of ``text``."""
+    head = text.index("\n## Glossary\n")
+    start = text.index(_GLOSSARY_HEADER, head)
+    rows = []
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4:
+            raise ValueError(f"glossary row {line!r} has {len(cells)} cells, not 4 (a bare '|'?)")
+        rows.append((_symbols_of(cells[0]), cells[3]))
+    return rows
+
+
+def glossary(text: str | None = None) -> dict[str, str]:
+    """The glossary of ``book/notation.md`` as normal form of a symbol -> meaning.
+
+    Raises:
+        ValueError: a symbol is listed twice, or a row has no symbol or no meaning.
+    """
+    text = GLOSSARY_PAGE.read_text() if text is None else text
+    out: dict[str, str] = {}
+    for symbols, meaning in glossary_rows(text):
+        if not symbols or not meaning:
+            raise ValueError(f"glossary row {symbols!r} needs a symbol and a meaning")
+        for symbol in symbols:
+            key = normalise(symbol)
+            if key in out:
+                raise ValueError(f"${symbol}$ is listed twice in the glossary")
+            out[key] = meaning
+    return out
+
+
+def front_matter(text: str) -> dict:
+    if not text.startswith("---\n"):
+        return {}
+    return yaml.safe_load(text[4 : text.index("\n---\n", 3)]) or {}
+
+
+def local_symbols(text: str) -> dict[str, str] | None:
+    """A page's ``local_symbols`` as normal form -> meaning (``None`` if the page has none).
+
+    Raises:
+        ValueError: the front matter is not YAML, or ``local_symbols`` is not a mapping.
+    """
+    try:
+        listed = front_matter(text).get("local_symbols")
+    except yaml.YAMLError as err:
+        raise ValueError(
+            f"the front matter is not valid YAML (quote a meaning that holds ': '): {err}"
+        ) from err
+    if listed is None:
+        return None
+    if not isinstance(listed, dict):
+        raise ValueError("local_symbols must be a mapping from a symbol to its meaning")
+    out: dict[str, str] = {}
+    for key, meaning in listed.items():
+        for symbol in _symbols_of(str(key)):
+            out[normalise(symbol)] = str(meaning or "")
+    return out
+
+
+def clashes(local: dict[str, str], shared: dict[str, str]) -> list[str]:
+    """The local symbols that are glossary symbols, or bold forms of one (or plain forms of a bold
+    one), each with both meanings."""
+    plain = {unbold(g): g for g in shared}
+    found = []
+    for symbol, meaning in local.items():
+        if symbol in shared:
+            found.append(f"${symbol}$ ({meaning!r}) is the glossary's {shared[symbol]!r}")
+        elif unbold(symbol) in plain:
+            g = plain[unbold(symbol)]
+            found.append(f"${symbol}$ ({meaning!r}) is a bold or plain ${g}$: {shared[g]!r}")
+    return found
+
+
+def test_the_glossary_parses_into_one_meaning_per_symbol():
+    shared = glossary()
+    assert len(shared) >= 40
+    for symbol in r"N D W_o s_{n} \mathbf{b} J \mathcal{J} \pi \theta s".split():
+        assert normalise(symbol) in shared, symbol
+    assert "output map" in shared[normalise("W_o")]  # the meaning is the last column...
+    assert "H d_v" not in shared[normalise("W_o")]  # ...the shape one of its own
+
+
+def test_normal_forms_compare_spellings_not_fonts():
+    assert normalise("$W_{o}$") == normalise("W_o") == normalise(" W _ o ")
+    assert normalise(r"\mathbf x_n") == normalise(r"\mathbf{x}_{n}")
+    assert normalise(r"W_\mathrm{vocab}") == normalise(r"W_\text{vocab}")
+    assert normalise(r"\alpha b") != normalise(r"\alphab")
+    assert normalise(r"\mathcal{M}") != normalise("M")
+    assert unbold(r"\mathbf{s}_n") == normalise("s_n") == unbold(r"\boldsymbol s_n")
+    assert unbold(r"\mathbf{x}_n^{(0)}") == normalise("x_n^{(0)}")
+
+
+def test_the_guard_catches_a_clash_and_a_duplicate():
+    page = (
+        "---\nlocal_symbols:\n  'J': the softmax's Jacobian\n  '$\\mathbf{s}_n$': a state\n"
+        "  'W_p, \\Theta_{n,m}, \\pi': the patch map, a rotation, a permutation\n---\n# X\n"
+    )
+    local = local_symbols(page)
+    assert normalise(r"\Theta_{n,m}") in local and normalise("W_p") in local
+    found = clashes(local, glossary())
+    assert len(found) == 3 and "Jacobian" in found[0] and "state" in found[1]
+    assert "permutation" in found[2]
+    with pytest.raises(ValueError, match="not valid YAML"):
+        local_symbols("---\nlocal_symbols:\n  n_1: right ($n$: mean)\n---\n")
+    doubled = GLOSSARY_PAGE.read_text().replace("| $N$ | `N` |", "| $N$, $W_{o}$ | `N` |", 1)
+    with pytest.raises(ValueError, match="listed twice"):
+        glossary(doubled)
+    with pytest.raises(ValueError, match="cells, not 4"):
+        glossary(GLOSSARY_PAGE.read_text().replace("| $N$ | `N` |", "| $N$ | a|b |", 1))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_no_chapter_gives_a_glossary_symbol_another_meaning(chapter):
+    text = (ROOT / f"{chapter}.md").read_text()
+    local = local_symbols(text)
+    assert local is not None, (
+        f"{chapter}: no `local_symbols:` in the front matter; list the symbols the page defines "
+        "that are not in the glossary of book/notation.md (an empty mapping {} if none)"
+    )
+    assert all(local.values()), f"{chapter}: a local symbol without a meaning"
+    found = clashes(local, glossary())
+    assert not found, (
+        f"{chapter}: local symbols that are glossary symbols. Where the page means what the "
+        "glossary says, drop the symbol from local_symbols; otherwise rename it on the page (see "
+        "book/notation.md, 'One letter, one meaning'): " + "; ".join(found)
+    )
+
+
+@pytest.mark.parametrize(("D", "D_v"), [(4, 4), (6, 3)])
+def test_single_head_column_form_is_eq4_with_one_head_only_when_d_v_is_D(D, D_v, gen):
+    """notation.turner_self_attention's docstring: with D_v = D it is Turner's eq. 4 with H = 1 and
+    V_1 = U_v; with D_v < D his eq. 4 (D x D maps V_h) cannot hold U_v, and the package says so."""
+    from transformer_course.notation import turner_multi_head_self_attention
+
+    X_cols = torch.randn(D, 5, generator=gen, dtype=torch.float64)
+    U_q, U_k = (torch.randn(2, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    U_v = torch.randn(D_v, D, generator=gen, dtype=torch.float64)
+    Y = turner_self_attention(X_cols, U_q, U_k, U_v)
+    if D_v == D:
+        Y4 = turner_multi_head_self_attention(X_cols, U_q[None], U_k[None], U_v[None])
+        torch.testing.assert_close(Y, Y4, atol=1e-12, rtol=0)
+    else:
+        assert Y.shape == (D_v, 5)
+        with pytest.raises(ValueError, match=r"\(H, D, D\)"):  # U_v is not D x D: not Turner's V_1
+            turner_multi_head_self_attention(X_cols, U_q[None], U_k[None], U_v[None])

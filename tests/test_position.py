@@ -22,7 +22,7 @@ from transformer_course.position import (
 
 
 def test_sinusoid_by_hand():
-    R = sinusoidal_encoding(4, 6, L=100.0, dtype=torch.float64)
+    R = sinusoidal_encoding(4, 6, base=100.0, dtype=torch.float64)
     for n in range(4):
         for i in range(6):
             k = i // 2
@@ -75,11 +75,28 @@ def test_learned_embedding_adds_rows_and_refuses_long_sequences():
         pe(torch.zeros(1, 6, 4))
 
 
+def test_rows_that_training_never_reaches_only_shrink_by_the_weight_decay():
+    """The chapter's claim about unseen rows: zero gradient, so AdamW (``make_optimizer`` decays every
+    matrix, embedding tables included) multiplies them by ``1 - lr_s * weight_decay`` at every step."""
+    torch.manual_seed(0)
+    pe = LearnedPositionalEmbedding(12, 4)
+    before = pe.table.weight.detach().clone()
+    cfg = tc.train.TrainConfig(max_steps=30, lr=0.05, warmup_steps=5, weight_decay=0.2)
+    tc.train.train(
+        pe, lambda g: (torch.randn(2, 7, 4, generator=g),), lambda m, b: m(b[0]).pow(2).mean(),
+        cfg, progress=False,
+    )  # fmt: skip
+    factor = math.prod(1 - tc.train.lr_at(s, cfg) * cfg.weight_decay for s in range(30))
+    after = pe.table.weight.detach()
+    torch.testing.assert_close(after[7:], before[7:] * factor, rtol=1e-5, atol=1e-9)
+    assert factor < 0.9 and not torch.allclose(after[:7], before[:7] * factor)
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="even D"):
         relative_shift_matrix(1, 5)
-    with pytest.raises(ValueError, match="L must be > 1"):
-        sinusoidal_encoding(3, 4, L=1.0)
+    with pytest.raises(ValueError, match="base must be > 1"):
+        sinusoidal_encoding(3, 4, base=1.0)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -329,3 +329,35 @@ def test_every_labelled_equation_is_implemented_or_marked_as_a_derivation():
     assert not orphans, f"no implementing docstring and no ':class: derivation-only': {orphans}"
     untested = [e.label for e in equations.values() if e.implementers and not e.tests]
     assert not untested, f"implemented, but no test uses the implementing code: {untested}"
+
+
+def test_the_equation_index_reads_explicit_markers_and_calls_not_mentions(tmp_path: pathlib.Path):
+    """A docstring that mentions a label implements nothing without ``Implements:``; a test checks
+    code only when it calls it (a local variable of the same name does not count)."""
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import equation_index
+
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "page.md").write_text(
+        "```{math}\n:label: eq-a\nx\n```\n\n```{math}\n:label: eq-b\ny\n```\n"
+    )
+    pkg = tmp_path / "src" / "transformer_course"
+    pkg.mkdir(parents=True)
+    (pkg / "mod.py").write_text(
+        'def f():\n    """Implements: eq-a"""\n\n\n'
+        'def oracle():\n    """A loop compared with eq-b in the tests (book eq. eq-b)."""\n\n\n'
+        "class Layer:\n"
+        '    """Implements: eq-b"""\n\n'
+        "    def forward(self):\n        pass\n"
+    )
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_mod.py").write_text(
+        "def test_calls_f():\n    f()\n\n\n"
+        "def test_only_names_f():\n    f = 1\n    assert f\n\n\n"
+        "def test_builds_layer():\n    Layer()(1)\n"
+    )
+    found = equation_index.analyse(tmp_path)
+    assert found["eq-a"].implementers == ["transformer_course.mod.f"]
+    assert found["eq-b"].implementers == ["transformer_course.mod.Layer"]  # not the oracle
+    assert found["eq-a"].tests == ["tests/test_mod.py::test_calls_f"]
+    assert found["eq-b"].tests == ["tests/test_mod.py::test_builds_layer"]

@@ -137,11 +137,40 @@ def test_flat_matrix_is_the_sum_of_kronecker_products(padding):
 
 
 @pytest.mark.parametrize(("C_out", "C_in", "J"), [(2, 3, 3), (1, 1, 5), (2, 1, 5), (4, 4, 9)])
-def test_a_convolution_needs_min_J_CinCout_heads(C_out, C_in, J):
+def test_fixed_heads_need_at_least_min_J_CinCout(C_out, C_in, J):
+    """The rank of the blocks bounds the number of fixed heads (any signed matrices) from below."""
     N = 11
     M = rel.conv1d_flat_matrix(torch.randn(C_out, C_in, J, dtype=d64), N)
     blocks = M.reshape(N, C_out, N, C_in).permute(0, 2, 1, 3).reshape(N * N, C_out * C_in)
     assert int(torch.linalg.matrix_rank(blocks)) == min(J, C_in * C_out)
+
+
+def test_fewer_channel_pairs_than_taps_the_bound_is_met_by_a_signed_matrix_not_a_softmax_head():
+    """One channel, five taps: the bound is 1, met by the kernel's own Toeplitz matrix, which has
+    negative entries and rows not summing to one, so no softmax head computes it; the docstring says
+    the bound is a lower bound for fixed matrices, not the number of softmax heads a convolution needs
+    (issue 22: it used to say "a convolution needs min(J, C_in C_out) heads")."""
+    N, w = 9, torch.tensor([[[0.5, -1.0, 2.0, -0.3, 0.7]]], dtype=d64)
+    A = rel.conv1d_attention_matrix(w, N)[0, 0]
+    X = torch.randn(N, 1, dtype=d64)
+    torch.testing.assert_close(A @ X, torch_conv1d(X, w), atol=1e-12, rtol=0)
+    assert (A < 0).any() and not torch.allclose(A.sum(-1), torch.ones(N, dtype=d64))
+    doc = " ".join(rel.conv1d_flat_matrix.__doc__.split())
+    assert "needs :math:`\\min(J, C_\\text{in} C_\\text{out})` heads" not in doc
+    assert "at least" in doc and "softmax" in doc
+
+
+def test_linear_attention_without_the_mask_is_linear_in_N():
+    """The causal parallel form forms the N x N matrix, 2 N^2 (d_psi + d_v) FLOPs of products; without
+    the mask associativity gives 4 N d_psi d_v + 2 N d_psi."""
+    for N in (16, 64):
+        Q, K, V = torch.randn(3, N, 8, dtype=d64)
+        flops = []
+        for causal in (True, False):
+            with FlopCounterMode(display=False) as counter:
+                rel.linear_attention_parallel(Q, K, V, causal=causal)
+            flops.append(counter.get_total_flops())
+        assert flops == [2 * N**2 * (8 + 8), 4 * N * 8 * 8 + 2 * N * 8]
 
 
 def test_masked_softmax_heads_reproduce_a_convolution_exactly():

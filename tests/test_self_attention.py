@@ -249,6 +249,36 @@ def test_top_level_exports():
     assert tc.scaled_dot_product_attention_reference is scaled_dot_product_attention_reference
 
 
+def test_key_padding_mask_hides_exactly_the_placeholder_keys():
+    # book eq. eq-sa-padding: mask[i, n, m] = [m < N_i], the same for every query n
+    lengths, N = [3, 5, 1], 5
+    mask = tc.self_attention.key_padding_mask(lengths, N)
+    assert mask.shape == (3, N, N) and mask.dtype == torch.bool
+    for i, n_i in enumerate(lengths):
+        for n in range(N):
+            for m in range(N):
+                assert bool(mask[i, n, m]) == (m < n_i)
+    # what it is for: one batched call gives each sequence its own answer
+    gen = torch.Generator().manual_seed(0)
+    D = 4
+    W_q, W_k, W_v = (torch.randn(D, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    X = torch.randn(len(lengths), N, D, generator=gen, dtype=torch.float64)
+    Y = single_head(X, W_q, W_k, W_v, mask & tc.self_attention.causal_mask(N))
+    for i, n_i in enumerate(lengths):
+        x = X[i, :n_i]
+        alone = loop_attention(x @ W_q, x @ W_k, x @ W_v, tc.self_attention.causal_mask(n_i))
+        torch.testing.assert_close(Y[i, :n_i], alone, **TOL[torch.float64])
+
+
+@pytest.mark.parametrize(
+    "lengths, N, match",
+    [([0, 2], 3, "between 1 and N=3"), ([2, 4], 3, "between 1 and N=3"), ([1.5], 3, "ints")],
+)
+def test_key_padding_mask_refuses_impossible_lengths(lengths, N, match):
+    with pytest.raises(ValueError, match=match):
+        tc.self_attention.key_padding_mask(lengths, N)
+
+
 def test_causal_mask():
     m = tc.self_attention.causal_mask(3)
     assert m.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
@@ -267,6 +297,7 @@ NAMES = [
     "self_attention.masked_self_attention",
     "self_attention.qk_variance",
     "self_attention.absorb_bias",
+    "self_attention.single_head",
 ]
 
 
@@ -357,3 +388,69 @@ def test_absorbed_bias_reproduces_linear_layer():
 def test_transposed_bias_answer_is_called_a_transpose():
     feedback = tc.exercises.check("self_attention.absorb_bias", lambda W, b: sa.absorb_bias(W, b).T)
     assert feedback.status == "incorrect" and "off by a transpose" in feedback.message
+
+
+def _package_single_head(X, W_q, W_k, W_v, causal=False):
+    """The chapter's layer behind the exercise's signature (a flag instead of a mask)."""
+    mask = tc.self_attention.causal_mask(X.shape[0]) if causal else None
+    return single_head(X, W_q, W_k, W_v, mask)
+
+
+def test_single_head_solution_is_the_packages_layer():
+    ex = tc.exercises._get("self_attention.single_head")
+    assert {ex.make_inputs(torch.Generator().manual_seed(0), t)[-1] for t in range(ex.trials)} == {
+        False,
+        True,
+    }
+    for trial in range(ex.trials):
+        X, W_q, W_k, W_v, causal = ex.make_inputs(torch.Generator().manual_seed(5), trial)
+        mask = tc.self_attention.causal_mask(X.shape[0]) if causal else None
+        Y = sa.single_head(X, W_q, W_k, W_v, causal)
+        torch.testing.assert_close(Y, single_head_reference(X, W_q, W_k, W_v, mask), **TOL[X.dtype])
+        torch.testing.assert_close(Y, loop_attention(X @ W_q, X @ W_k, X @ W_v, mask))
+    # the package's layers, called through the exercise's signature, pass the checker as they are
+    assert tc.exercises.check("self_attention.single_head", _package_single_head)
+
+
+def test_single_head_mistakes_are_told_apart_wherever_they_show():
+    """Each mistake changes the output on some trial; on every trial where it does, it differs from
+    every other mistake too, so the checker names it whichever trial catches it. Only the mask's
+    mistakes ever match the reference: on the trials without the causal flag, and masking anyway on
+    the trials with it."""
+    ex = tc.exercises._get("self_attention.single_head")
+    mask_mistakes = {m.why for m in ex.mistakes if "mask" in m.why}
+    assert len(ex.mistakes) >= 5 and len(mask_mistakes) == 5
+    shows = {m.why: 0 for m in ex.mistakes}
+    for trial in range(ex.trials):
+        args = ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
+        expected = ex.solution(*args)
+        outs = {m.why: torch.as_tensor(m.wrong(*args)) for m in ex.mistakes}
+
+        def same(a, b):
+            return a.shape == b.shape and torch.allclose(a, b, atol=ex.atol, rtol=ex.rtol)
+
+        for why, out in outs.items():
+            if same(out, expected):  # the mask's mistakes show only where the flag asks for it
+                masked_anyway = why.startswith("with causal=False")
+                assert why in mask_mistakes and args[-1] == masked_anyway, (trial, why)
+                continue
+            shows[why] += 1
+            others = [w for w, o in outs.items() if w != why and same(o, out)]
+            assert not others, (trial, why, others)
+    assert all(shows.values()), shows
+
+
+def test_single_head_typical_answers_get_their_own_diagnosis():
+    def with_tc_causal_mask(X, W_q, W_k, W_v, causal=False):
+        S = (X @ W_q) @ (X @ W_k).T / math.sqrt(W_q.shape[1])
+        if causal:
+            S = S.masked_fill(~tc.self_attention.causal_mask(X.shape[0]), float("-inf"))
+        return torch.softmax(S, dim=-1) @ (X @ W_v)
+
+    def softmax_over_queries(X, W_q, W_k, W_v, causal=False):
+        return F.softmax((X @ W_q) @ (X @ W_k).T / math.sqrt(W_q.shape[1]), dim=0) @ (X @ W_v)
+
+    assert tc.exercises.check("self_attention.single_head", with_tc_causal_mask)
+    feedback = tc.exercises.check("self_attention.single_head", softmax_over_queries)
+    assert feedback.status == "incorrect" and "over the queries (dim=0)" in feedback.message
+    assert "False]" in feedback.message  # caught on the first trial, the one without the flag

@@ -255,3 +255,51 @@ def test_lab_badges_are_the_sites_own_images(page, site):
     assert badge.evaluate("img => img.naturalWidth") > 0
     href = page.locator("a:has(img[alt='Open In Colab'])").get_attribute("href")
     assert href == project.colab_url("notebooks/00_notation.ipynb")
+
+
+_CORE_PATH = """() => {
+    // The core path of a chapter as a reader meets it with every fold closed: everything in the article
+    // before the section headed 'Going deeper'. Words: visible text outside code inputs and rendered
+    // math (cell outputs, such as the checks' verdict lines, are read, so they count); code: visible
+    // lines of code cells and literal includes.
+    const article = document.querySelector("article.bd-article") || document.querySelector("main");
+    const deeper = [...article.querySelectorAll("h2")]
+        .find(h => h.textContent.trim().startsWith("Going deeper"));
+    const stop = deeper ? deeper.closest("section") || deeper : null;
+    const core = el => !stop || (!stop.contains(el)
+        && (stop.compareDocumentPosition(el) & Node.DOCUMENT_POSITION_PRECEDING));
+    const isCode = el => { const pre = el.closest("pre"); return pre && !pre.closest(".cell_output"); };
+    let words = 0, code = 0;
+    const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+        const el = walker.currentNode.parentElement;
+        if (!el || el.closest("script, style, mjx-container, .MathJax, .headerlink, summary")) continue;
+        if (isCode(el) || !el.checkVisibility() || !core(el)) continue;
+        words += (walker.currentNode.textContent.match(/[A-Za-z0-9][\\w'\u2019-]*/g) || []).length;
+    }
+    for (const pre of article.querySelectorAll("pre")) {
+        if (pre.closest(".cell_output") || !pre.checkVisibility() || !core(pre)) continue;
+        code += pre.innerText.split("\\n").filter(line => line.trim()).length;
+    }
+    return {words, code, deeper: Boolean(deeper)};
+}"""
+CORE_PATH_MINUTES = 25  # prose words / 200 + visible code lines / 20
+
+
+@pytest.mark.parametrize("doc", [p for p in PAGES if p.startswith("book/")])
+def test_each_chapters_core_path_reads_in_25_minutes(page, site, doc):
+    """Measured on the rendered page with every fold closed, so the budget cannot silently grow back.
+    The reference pages (exercises, sources, performance, equations, citing, bibliography) and the
+    landing page are exempt."""
+    import pages as source_pages
+
+    if doc not in source_pages.CHAPTERS:
+        pytest.skip("a reference page: no reading budget")
+    page.goto(f"{site}/{doc}.html", wait_until="load")
+    seen = page.evaluate(_CORE_PATH)
+    minutes = seen["words"] / 200 + seen["code"] / 20
+    assert seen["deeper"], f"{doc} has no 'Going deeper' section"
+    assert minutes <= CORE_PATH_MINUTES, (
+        f"{doc}: the core path reads in {minutes:.1f} min ({seen['words']} words, {seen['code']} "
+        f"code lines with every fold closed) > {CORE_PATH_MINUTES}"
+    )

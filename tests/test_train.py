@@ -154,3 +154,107 @@ def test_shard_splits_the_global_batch_evenly_and_keeps_other_entries():
         shard((x, y), 0, 4)
     with pytest.raises(ValueError, match="first dimension"):
         shard((x, torch.arange(5)), 0, 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data parallelism with padded targets: eq-train-ddp needs equal numbers of *scored positions*
+
+
+def _padded_batch():
+    """A batch of 4 sequences of 3 positions whose targets are padded (-100) unevenly: the first
+    half (rank 0's share) scores 6 positions, the second half (rank 1's) only 2."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 4, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 5, (4, 3), generator=g)
+    y[2, 1:], y[3, 1:] = -100, -100
+    return x, y
+
+
+def _padded_loss(m, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+
+
+def test_share_weights_make_the_ranks_mean_gradient_the_global_one_for_padded_batches():
+    from torch import nn
+
+    from transformer_course.train import shard, share_weight
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 5).double()
+    batch = _padded_batch()
+
+    def grad(loss):
+        model.zero_grad()
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    g_global = grad(_padded_loss(model, batch))
+    shares = [shard(batch, r, 2) for r in range(2)]
+    n = [int((s[1] != -100).sum()) for s in shares]
+    assert n == [6, 2]
+    weighted = (
+        sum(
+            grad(share_weight(n[r], sum(n), 2) * _padded_loss(model, s))
+            for r, s in enumerate(shares)
+        )
+        / 2
+    )
+    plain = sum(grad(_padded_loss(model, s)) for s in shares) / 2  # what DDP averages unweighted
+    torch.testing.assert_close(weighted, g_global, rtol=0, atol=1e-12)
+    assert (plain - g_global).abs().max() > 1e-3
+    assert share_weight(8, 16, 2) == 1.0  # equal shares: no change
+    with pytest.raises(ValueError, match="at least one position"):
+        share_weight(0, 8, 2)
+
+
+def _padded_worker(rank, world, store, out, with_scored):
+    import torch.distributed as dist
+    from torch import nn
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 5).double()
+        cfg = TrainConfig(max_steps=3, lr=0.1, warmup_steps=1, weight_decay=0.0, grad_clip=None)
+        scored = (lambda b: (b[1] != -100).sum()) if with_scored else None
+        try:
+            hist = train(
+                model, lambda g: _padded_batch(), _padded_loss, cfg, progress=False, scored=scored
+            )
+            result = {
+                "loss": hist.train_loss,
+                "grad_norm": hist.grad_norm,
+                "params": torch.cat([p.detach().flatten() for p in model.parameters()]),
+            }
+        except ValueError as err:
+            result = {"error": str(err)}
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_two_ranks(tmp_path, with_scored):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / f"rank0-{with_scored}.pt"
+    store = tmp_path / f"store-{with_scored}"
+    mp.spawn(_padded_worker, args=(2, str(store), str(out), with_scored), nprocs=2, join=True)
+    return torch.load(out)
+
+
+def test_two_ranks_with_padded_targets_train_like_one_process_or_refuse(tmp_path):
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 5).double()
+    cfg = TrainConfig(max_steps=3, lr=0.1, warmup_steps=1, weight_decay=0.0, grad_clip=None)
+    single = train(model, lambda g: _padded_batch(), _padded_loss, cfg, progress=False)
+    ddp = _run_two_ranks(tmp_path, with_scored=True)
+    assert ddp["loss"] == pytest.approx(single.train_loss, abs=1e-12)
+    assert ddp["grad_norm"] == pytest.approx(single.grad_norm, abs=1e-12)
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    torch.testing.assert_close(ddp["params"], params, rtol=0, atol=1e-12)
+    refused = _run_two_ranks(tmp_path, with_scored=False)  # padding would be weighted wrongly
+    assert "pass scored=" in refused["error"]

@@ -274,11 +274,48 @@ def test_per_example_grads_and_noise_scale():
     model(x, y)[1].backward()  # the batch gradient is the mean of the examples' gradients
     batch = torch.cat([p.grad.flatten() for p in model.parameters()])
     torch.testing.assert_close(G.mean(0), batch, atol=1e-6, rtol=1e-5)
-    Gd = G.double()
-    direct = ((Gd - Gd.mean(0)) ** 2).sum(1).mean() / (Gd.mean(0) ** 2).sum()
-    assert abs(training.gradient_noise_scale(G) - direct.item()) < 1e-9 * direct.item()
+    Gd, n = G.double(), G.shape[0]
+    tr_unbiased = ((Gd - Gd.mean(0)) ** 2).sum(1).sum() / (n - 1)  # sample covariance, 1/(n-1)
+    g_sq = (Gd.mean(0) ** 2).sum() - tr_unbiased / n  # E||mean||^2 = ||g||^2 + tr(Sigma) / n
+    est = training.gradient_noise_scale(G)
+    assert abs(est.tr_sigma - tr_unbiased.item()) < 1e-9 * tr_unbiased.item()
+    assert abs(est.g_sq - g_sq.item()) < 1e-9 * abs(g_sq.item())
+    assert est.B_simple == pytest.approx((tr_unbiased / g_sq).item(), rel=1e-9)
     with pytest.raises(ValueError, match="n_ex >= 2"):
         training.gradient_noise_scale(G[:1])
+
+
+def test_noise_scale_estimates_are_unbiased_where_the_plug_in_is_not():
+    """Per-example gradients g + noise with a known covariance: averaged over many draws of 16
+    examples, the estimates of ||g||^2 and tr(Sigma) are unbiased; the plug-in ||mean||^2 is too
+    large by tr(Sigma) / 16."""
+    gen = torch.Generator().manual_seed(0)
+    d, n, draws = 50, 16, 4000
+    g = torch.full((d,), 0.2, dtype=torch.float64)  # ||g||^2 = 2
+    scale = torch.linspace(0.5, 1.5, d, dtype=torch.float64)  # tr(Sigma) = sum of squares
+    tr_true, g_sq_true = (scale**2).sum().item(), (g**2).sum().item()
+    G = g + scale * torch.randn(draws, n, d, generator=gen, dtype=torch.float64)
+    ests = [training.gradient_noise_scale(G[i]) for i in range(draws)]
+    g_sq_mean = np.mean([e.g_sq for e in ests])
+    tr_mean = np.mean([e.tr_sigma for e in ests])
+    plug_in = G.mean(1).pow(2).sum(-1).mean().item()
+    se = np.std([e.g_sq for e in ests]) / draws**0.5
+    assert abs(g_sq_mean - g_sq_true) < 4 * se
+    assert abs(tr_mean / tr_true - 1) < 0.01
+    assert plug_in - g_sq_true > 20 * se  # biased by tr(Sigma) / n
+    assert abs(plug_in - g_sq_true - tr_true / n) < 4 * se
+
+
+def test_noise_scale_two_batch_formulas_and_errors():
+    tr, g_sq = 30.0, 2.0
+    sq = {B: g_sq + tr / B for B in (4, 64)}  # exact expectations
+    est = training.noise_scale_two_batch(sq[4], sq[64], 4, 64)
+    assert est.tr_sigma == pytest.approx(tr) and est.g_sq == pytest.approx(g_sq)
+    assert est.B_simple == pytest.approx(15.0)
+    assert training.noise_scale_two_batch(3.0, 3.0 - 1e-9, 1, 2).B_simple > 0
+    assert training.noise_scale_two_batch(10.0, 1.0, 1, 2).B_simple == float("inf")
+    with pytest.raises(ValueError, match="B_small < B_big"):
+        training.noise_scale_two_batch(1.0, 1.0, 8, 8)
 
 
 # ----------------------------------------------------------------------------------------------

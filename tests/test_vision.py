@@ -3,6 +3,8 @@ initialisation), the recipe and its ablations, the exercises."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -257,3 +259,64 @@ def test_mcnemar_counts_the_discordant_items_and_gives_the_exact_two_sided_p():
     assert tc.vision.mcnemar(*one_each) == (1.0, 1, 1)  # 2 * (1 + 2) / 4 > 1 is capped at 1
     with pytest.raises(ValueError, match="bool tensors"):
         tc.vision.mcnemar(a.float(), b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Label smoothing and the class token's attention (added with the reader's-path rewrite)
+
+
+def test_smoothed_cross_entropy_equals_torch_and_a_loop():
+    from transformer_course.vision import smoothed_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    z = 3 * torch.randn(6, 10, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (6,), generator=g)
+    for eps in (0.0, 0.1, 0.5):
+        ours = smoothed_cross_entropy(z, y, eps)
+        torch_ = F.cross_entropy(z, y, label_smoothing=eps)
+        torch.testing.assert_close(ours, torch_, rtol=0, atol=1e-12)
+        loop = 0.0
+        for b in range(6):
+            log_p = z[b] - torch.logsumexp(z[b], 0)
+            for k in range(10):
+                q = (1 - eps) * int(k == y[b]) + eps / 10
+                loop -= q * log_p[k].item() / 6
+        assert abs(ours.item() - loop) < 1e-12
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\)"):
+        smoothed_cross_entropy(z, y, 1.0)
+    with pytest.raises(ValueError, match="targets"):
+        smoothed_cross_entropy(z, y[:3], 0.1)
+
+
+def test_smoothed_targets_have_a_finite_optimum():
+    from transformer_course.vision import smoothed_cross_entropy
+
+    eps, K = 0.1, 10
+    gap = math.log((1 - eps + eps / K) / (eps / K))  # z_y - z_k at the optimum
+    z = torch.zeros(1, K, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        z[0, 3] = gap
+    smoothed_cross_entropy(z, torch.tensor([3]), eps).backward()
+    assert z.grad.abs().max() < 1e-12
+
+
+def test_class_token_attention_recomputes_the_weights_of_every_block():
+    from transformer_course.vision import class_token_attention
+
+    torch.manual_seed(0)
+    vit = ViT(ViTConfig(d_model=16, H=2, n_layers=2, dropout=0.0)).double().eval()
+    images = torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    a_bar = class_token_attention(vit, images)
+    assert a_bar.shape == (3, 2, 16)
+    X = vit.tokens(images)
+    for ell, block in enumerate(vit.stack.blocks):
+        X_norm = block.norm1(X)
+        W = block.attn.weights
+        b_q, b_k, _ = block.attn.in_proj.bias.detach().split(16)
+        Q = (X_norm @ W["W_q"] + b_q).view(3, -1, 2, 8).transpose(1, 2)
+        K = (X_norm @ W["W_k"] + b_k).view(3, -1, 2, 8).transpose(1, 2)
+        A = torch.softmax(Q @ K.transpose(-2, -1) / 8**0.5, dim=-1)
+        torch.testing.assert_close(a_bar[:, ell], A[:, :, 0, 1:].mean(1), rtol=0, atol=1e-12)
+        X = block(X)
+    with pytest.raises(ValueError, match="class token"):
+        class_token_attention(ViT(ViTConfig(pool="mean")), images.float())

@@ -1,10 +1,12 @@
 """The equation index: every labelled equation of the book, the package code that implements it, and
 the tests that check that code, found by reading the sources (nothing is typed by hand).
 
-* A function or class implements an equation when its docstring names the label (``eq-...``), as the
-  course's rule asks of every function that implements an equation.
-* A test checks that code when the test function's body uses the implementing name (for a method, its
-  class and its name).
+* A function or class implements an equation when its docstring has a line ``Implements: eq-a, eq-b``
+  (an explicit marker: a docstring that merely *mentions* a label, e.g. a loop oracle or a helper
+  that cites the equation it is compared with, implements nothing).
+* A test checks that code when the test function *calls* it: a call of the imported name or of an
+  attribute of that name (``tc.mod.f(...)``, ``block.forward(...)``); for a class, constructing it;
+  for a method, constructing its class and calling the method (``forward``: calling the instance).
 * An equation that the package does not implement because it is a step of a derivation carries the
   class ``derivation-only`` on its ``{math}`` block (``:class: derivation-only``).
 
@@ -26,6 +28,8 @@ from sphinx.util.docutils import SphinxDirective
 
 MATH_BLOCK = re.compile(r"```\{math\}\n((?::[a-z]+:.*\n)+)", re.M)
 LABEL = re.compile(r"\beq-[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*\b")
+IMPLEMENTS = re.compile(r"^\s*Implements:\s*(.+)$", re.M)
+LABEL_IN_CODE = re.compile(r"\(?\b(eq-[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*)\b\)?")
 INDEX_PAGE = "book/equations"
 
 
@@ -67,30 +71,50 @@ def _documented(tree: ast.Module, module: str) -> dict[str, str]:
 
 
 def implementers(root: Path) -> dict[str, list[str]]:
-    """Label -> the package's functions and classes whose docstrings name it."""
+    """Label -> the package's functions and classes whose docstrings say ``Implements: <label>``."""
     package = root / "src" / "transformer_course"
     out: dict[str, list[str]] = {}
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package.parent).with_suffix("")
         module = ".".join(rel.parts).removesuffix(".__init__")
         for name, doc in _documented(ast.parse(path.read_text(encoding="utf-8")), module).items():
-            for label in sorted(set(LABEL.findall(doc))):
+            marked = " ".join(IMPLEMENTS.findall(doc))
+            for label in sorted(set(LABEL.findall(marked))):
                 out.setdefault(label, []).append(name)
     return out
 
 
+def _called(node: ast.AST) -> set[str]:
+    """Names a test calls: ``f(...)`` gives ``f``; ``a.b.f(...)`` gives ``f``."""
+    out = set()
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call):
+            if isinstance(call.func, ast.Name):
+                out.add(call.func.id)
+            elif isinstance(call.func, ast.Attribute):
+                out.add(call.func.attr)
+    return out
+
+
 def tests_using(root: Path, qualified: str) -> list[str]:
-    """Test functions whose bodies use the object ``qualified`` names (for a method, its class too)."""
+    """Test functions that call the object ``qualified`` names: a function is called; a class is
+    constructed; a method's class is constructed and the method called (``forward`` by calling an
+    instance, which a constructed module in a test always is)."""
     parts = qualified.split(".")
-    wanted = {parts[-1]} if not parts[-2][:1].isupper() else {parts[-2], parts[-1]}
+    is_method = parts[-2][:1].isupper()
     found = []
     for path in sorted((root / "tests").glob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-                names |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-                if wanted <= names:
+                called = _called(node)
+                if is_method:
+                    ok = parts[-2] in called and (
+                        parts[-1] in called or parts[-1] in ("forward", "__call__", "__init__")
+                    )
+                else:
+                    ok = parts[-1] in called
+                if ok:
                     found.append(f"{path.relative_to(root).as_posix()}::{node.name}")
     return found
 
@@ -181,23 +205,59 @@ def _row(cells: list, ids: list[str] | None = None) -> nodes.row:
 
 
 def _link_code_cells_to_the_index(app: Sphinx, doctree: nodes.document, docname: str) -> None:
-    """After the code cell that follows each labelled equation, a link to its index entry."""
+    """After the code cell that follows labelled equations, a link to each one's index entry."""
     if docname == INDEX_PAGE or INDEX_PAGE not in app.env.found_docs:
         return
     index_uri = app.builder.get_relative_uri(docname, INDEX_PAGE)
-    pending = None
+    pending: list[str] = []
     for node in doctree.findall(lambda n: isinstance(n, (nodes.math_block, nodes.container))):
         if isinstance(node, nodes.math_block) and node.get("label"):
-            pending = node["label"]
+            pending.append(node["label"])
         elif pending and "cell" in node.get("classes", []):
-            link = nodes.paragraph(classes=["equation-index-link"])
-            link += nodes.reference(
-                "",
-                "this equation in the index",
-                refuri=f"{index_uri}#eqindex-{pending.lower()}",
-            )
-            node.parent.insert(node.parent.index(node) + 1, link)
-            pending = None
+            at = node.parent.index(node) + 1
+            for label in reversed(pending):
+                link = nodes.paragraph(classes=["equation-index-link"])
+                number = _number(app.env, docname, label)
+                text = (
+                    "this equation in the index"
+                    if len(pending) == 1
+                    else f"({number}) in the index"
+                )
+                link += nodes.reference("", text, refuri=f"{index_uri}#eqindex-{label.lower()}")
+                node.parent.insert(at, link)
+            pending = []
+
+
+def _label_page(env, label: str) -> str | None:
+    equations = env.get_domain("math").equations  # label -> (docname, number)
+    entry = equations.get(label)
+    return entry[0] if entry else None
+
+
+def _number_labels_in_code(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """``(eq-label)`` in code cells, their outputs and literal includes reads as ``(3.2)``."""
+    from sphinx.util import logging
+
+    logger = logging.getLogger(__name__)
+
+    def number(match: re.Match) -> str:
+        label = match.group(1)
+        page = _label_page(app.env, label)
+        if page is None:
+            logger.warning(f"{docname}: code names an unknown equation label {label!r}")
+            return match.group(0)
+        return f"({_number(app.env, page, label)})"
+
+    for block in list(doctree.findall(nodes.literal_block)):
+        text = block.astext()
+        if "eq-" not in text:
+            continue
+        new = LABEL_IN_CODE.sub(number, text)
+        if new != text:
+            highlighted = block.rawsource == text  # keep Pygments highlighting on
+            block.clear()
+            block += nodes.Text(new)
+            block.rawsource = new if highlighted else block.rawsource
 
 
 def setup(app: Sphinx) -> None:
@@ -205,3 +265,4 @@ def setup(app: Sphinx) -> None:
     app.add_directive("equation-index", EquationIndexDirective)
     app.connect("doctree-resolved", _fill_index)
     app.connect("doctree-resolved", _link_code_cells_to_the_index)
+    app.connect("doctree-resolved", _number_labels_in_code)

@@ -5,7 +5,8 @@ as tc``); nothing is copied into a page. Each chapter has one module of the same
 ``tc.tokens``, ``tc.attention``, ``tc.self_attention``, ``tc.multihead``, ``tc.block``, ``tc.position``,
 ``tc.language_models``, ``tc.encoder_decoder``, ``tc.vision``, ``tc.training``, ``tc.claims``,
 ``tc.relations``, ``tc.extensions``); ``data``, ``train``, ``plots``,
-``runtime``, ``results`` and ``project`` are shared infrastructure. The exercises of the labs,
+``runtime``, ``results``, ``project`` and ``checks`` (the book's one check helper,
+:func:`checks.verify`) are shared infrastructure. The exercises of the labs,
 ``tc.exercises``, are imported only when first used.
 """
 
@@ -15,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from . import (
     attention,
     block,
+    checks,
     claims,
     data,
     encoder_decoder,
@@ -51,6 +53,7 @@ __all__ = [
     "attention",
     "attention_weights",
     "block",
+    "checks",
     "claims",
     "data",
     "default_device",

@@ -9,15 +9,15 @@ Convention: rows are tokens. A sequence ``X`` is ``(..., N, D)``; an attention m
 ``n`` takes from input ``m``), so that ``Y = A @ X``.
 
 A 1-D convolution layer of a CNN (``torch.nn.functional.conv1d``) computes, with ``J`` taps and the
-kernel's centre at tap ``c = (J - 1) // 2``,
+kernel's centre at tap ``j0 = (J - 1) // 2``,
 
-.. math:: y_n = \\sum_{j=0}^{J-1} k_j \\, x_{n + j - c},
+.. math:: y_n = \\sum_{j=0}^{J-1} k_j \\, x_{n + j - j_0},
 
 which is a *cross-correlation* (no kernel flip), as in every deep-learning library. Written as
-attention it is ``Y = A X`` with the Toeplitz matrix ``A[n, m] = k[m - n + c]`` (zero outside the
+attention it is ``Y = A X`` with the Toeplitz matrix ``A[n, m] = k[m - n + j0]`` (zero outside the
 kernel): each row is the same kernel shifted by one position. Turner (2023, footnote 4) writes the
 same fact in his column form as :math:`A_{n',n} = A_{n'-n}`; his matrix is the transpose of ours,
-``A_Turner[n', n] = A[n, n'] = k[n' - n + c]``, a function of ``n' - n`` only.
+``A_Turner[n', n] = A[n, n'] = k[n' - n + j0]``, a function of ``n' - n`` only.
 """
 
 from __future__ import annotations
@@ -92,12 +92,14 @@ def convolution_as_attention(
 ) -> Tensor:
     r"""The ``(N, N)`` attention matrix of a 1-D convolution, book eq. ``eq-avg-toeplitz``.
 
-    .. math:: A_{nm} = k_{m - n + c}, \qquad c = \lfloor (J-1)/2 \rfloor,
+    Implements: eq-avg-toeplitz
 
-    and ``A[n, m] = 0`` where ``m - n + c`` is not a tap ``0..J-1``. Then ``A @ X`` equals
+    .. math:: A_{nm} = k_{m - n + j_0}, \qquad j_0 = \lfloor (J-1)/2 \rfloor,
+
+    and ``A[n, m] = 0`` where ``m - n + j0`` is not a tap ``0..J-1``. Then ``A @ X`` equals
     ``F.conv1d`` of every column of ``X`` with ``kernel`` and ``padding="same"`` (a
     cross-correlation: the kernel is *not* flipped). For an even ``J`` the centre is the left one of
-    the two middle taps, so output ``n`` reads inputs ``n - c .. n + c + 1``, exactly as PyTorch
+    the two middle taps, so output ``n`` reads inputs ``n - j0 .. n + j0 + 1``, exactly as PyTorch
     pads for ``"same"`` (one more zero on the right).
 
     Every row is the kernel shifted by one place (a Toeplitz matrix). Turner (2023, fn. 4) writes
@@ -124,10 +126,10 @@ def convolution_as_attention(
     kernel = _as_kernel(kernel)
     J = kernel.numel()
     _check_size(J, N, padding)
-    c = (J - 1) // 2
+    j0 = (J - 1) // 2  # the centre tap
     n = torch.arange(N, device=kernel.device)[:, None]  # (N, 1) output positions
     j = torch.arange(J, device=kernel.device)[None, :]  # (1, J) taps
-    p = n + j - c  # (N, J): the input position that tap j of output n reads
+    p = n + j - j0  # (N, J): the input position that tap j of output n reads
     w = kernel.expand(N, J)  # (N, J): the weight it reads with
     if padding == "zeros":
         w = w * ((p >= 0) & (p < N))  # taps that fall off the sequence read zeros
@@ -142,6 +144,8 @@ def convolution_as_attention(
 
 def convolve_tokens(X: Tensor, kernel: Tensor | Sequence[float], padding: str = "zeros") -> Tensor:
     """Convolve every feature column of ``X`` with ``kernel`` using ``F.conv1d``, book eq. ``eq-avg-conv``.
+
+    Implements: eq-avg-conv
 
     The efficient counterpart of ``convolution_as_attention(kernel, N, padding) @ X`` (tested
     equal): the same kernel is applied to each of the ``D`` features separately, as attention
@@ -172,10 +176,10 @@ def convolve_tokens(X: Tensor, kernel: Tensor | Sequence[float], padding: str = 
     *lead, N, D = X.shape
     J = kernel.numel()
     _check_size(J, N, padding)
-    c = (J - 1) // 2
+    j0 = (J - 1) // 2  # the centre tap
     x = X.transpose(-2, -1).reshape(-1, 1, N)  # (B*D, 1, N): one channel per feature column
     mode = {"zeros": "constant", "circular": "circular", "replicate": "replicate"}[padding]
-    x = F.pad(x, (c, J - 1 - c), mode=mode)  # (B*D, 1, N + J - 1)
+    x = F.pad(x, (j0, J - 1 - j0), mode=mode)  # (B*D, 1, N + J - 1)
     y = F.conv1d(x, kernel.view(1, 1, J))  # (B*D, 1, N)
     return y.reshape(*lead, D, N).transpose(-2, -1)  # (..., N, D)
 
@@ -191,6 +195,8 @@ def moving_average_kernel(
 
 def constraint_violations(A: Tensor, atol: float = 1e-6) -> list[str]:
     r"""Which constraints on attention weights (book eq. ``eq-avg-constraints``) ``A`` breaks.
+
+    Implements: eq-avg-constraints
 
     .. math:: a_{nm} \ge 0, \qquad \sum_m a_{nm} = 1 \quad \text{for every } n
 
@@ -230,6 +236,8 @@ def constraint_violations(A: Tensor, atol: float = 1e-6) -> list[str]:
 
 def contraction_coefficient(A: Tensor) -> Tensor:
     r"""Dobrushin's coefficient of ergodicity of attention weights, book eq. ``eq-avg-contraction``.
+
+    Implements: eq-avg-contraction
 
     .. math:: \tau(A) = 1 - \min_{n, n'} \sum_m \min(a_{nm}, a_{n'm})
 

@@ -22,15 +22,32 @@ if TYPE_CHECKING:
     from .language_models import KVCache
 
 __all__ = [
+    "ACTIVATIONS",
     "MLP",
     "LayerNorm",
     "PostNormBlock",
     "PreNormBlock",
     "TransformerStack",
+    "gelu",
     "layer_norm_reference",
 ]
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+def gelu(X: Tensor) -> Tensor:
+    r"""GELU, entry by entry (Hendrycks & Gimpel 2016): the activation of the course's trained models.
+
+    Implements: eq-block-gelu
+
+    .. math:: \mathrm{GELU}(x) = \frac{x}{2}\Big(1 + \operatorname{erf}\frac{x}{\sqrt{2}}\Big)
+
+    ``x`` times the probability that a standard normal variable is at most ``x``. The exact form
+    (``F.gelu``'s default ``approximate="none"``, as in ``nn.TransformerEncoderLayer``), not the tanh
+    approximation that some implementations use.
+    """
+    return F.gelu(X, approximate="none")
+
+
+ACTIVATIONS = {"relu": F.relu, "gelu": gelu}  # the MLP's activation phi, by name
 
 
 def _activation(name: str):
@@ -43,7 +60,9 @@ def _activation(name: str):
 
 
 def layer_norm_reference(X: Tensor, gamma: Tensor, beta: Tensor, eps: float = 1e-5) -> Tensor:
-    r"""LayerNorm of every token, book eq. ``eq-block-layernorm`` (Ba et al. 2016; Turner's "TokenNorm").
+    r"""LayerNorm of every token (Ba et al. 2016; Turner's "TokenNorm"), as a formula.
+
+    Implements: eq-block-layernorm
 
     .. math:: \mu_n = \frac1D\sum_d X_{nd},\quad \sigma^2_n = \frac1D\sum_d (X_{nd}-\mu_n)^2,\quad
               \mathrm{LN}(X)_{nd} = \gamma_d\,\frac{X_{nd}-\mu_n}{\sqrt{\sigma_n^2+\epsilon}} + \beta_d
@@ -66,7 +85,9 @@ def layer_norm_reference(X: Tensor, gamma: Tensor, beta: Tensor, eps: float = 1e
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm with learned ``gamma`` (``weight``) and ``beta`` (``bias``), book eq. ``eq-block-layernorm``.
+    """LayerNorm with learned ``gamma`` (``weight``) and ``beta`` (``bias``), both of shape ``(D,)``.
+
+    Implements: eq-block-layernorm
 
     The forward pass calls the fused ``F.layer_norm`` (one kernel instead of nine); the equation itself
     is :func:`layer_norm_reference`, and ``tests/test_block.py`` proves the two equal.
@@ -88,7 +109,9 @@ class LayerNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    r"""The token-wise MLP, book eq. ``eq-block-mlp``: the same two-layer network for every token.
+    r"""The token-wise MLP: the same two-layer network for every token.
+
+    Implements: eq-block-mlp
 
     .. math:: \mathrm{MLP}(X) = \phi(X W_1 + \mathbf{b}_1)\, W_2 + \mathbf{b}_2,\qquad
               W_1 \in \mathbb{R}^{D\times d_\text{ff}},\ W_2 \in \mathbb{R}^{d_\text{ff}\times D}
@@ -158,7 +181,9 @@ class _Block(nn.Module):
 
 
 class PostNormBlock(_Block):
-    r"""Post-norm block, book eq. ``eq-block-postnorm`` (Vaswani et al. 2017; Bishop eq. 20 and 22):
+    r"""Post-norm block (Vaswani et al. 2017; Bishop eq. 20 and 22):
+
+    Implements: eq-block-postnorm
 
     .. math:: Z = \mathrm{LN}\big(X + \mathrm{MHSA}(X)\big),\qquad
               Y = \mathrm{LN}\big(Z + \mathrm{MLP}(Z)\big)
@@ -176,7 +201,9 @@ class PostNormBlock(_Block):
 
 
 class PreNormBlock(_Block):
-    r"""Pre-norm block, book eq. ``eq-block-prenorm`` (Xiong et al. 2020; Bishop eq. 21 and 23):
+    r"""Pre-norm block (Xiong et al. 2020; Bishop eq. 21 and 23):
+
+    Implements: eq-block-prenorm
 
     .. math:: Z = X + \mathrm{MHSA}\big(\mathrm{LN}(X)\big),\qquad
               Y = Z + \mathrm{MLP}\big(\mathrm{LN}(Z)\big)
@@ -194,9 +221,10 @@ class PreNormBlock(_Block):
 
 
 class TransformerStack(nn.Module):
-    r"""``L`` blocks applied in turn, book eq. ``eq-block-stack``:
-    :math:`X^{(\ell)} = \mathrm{block}_\ell(X^{(\ell-1)})`, then a final LayerNorm when the blocks need
-    one.
+    r"""``L`` blocks applied in turn, :math:`X^{(\ell)} = \mathrm{block}_\ell(X^{(\ell-1)})`, then a
+    final LayerNorm when the blocks need one.
+
+    Implements: eq-block-stack
 
     Pre-norm stacks end with a final LayerNorm (the residual stream is never normalised otherwise), as
     in GPT-2 and ``nn.TransformerEncoder(norm=LayerNorm)``; post-norm stacks need none. The block class

@@ -114,19 +114,22 @@ def _as_float64(values: Sequence[float] | Tensor, name: str) -> Tensor:
 
 
 def student_t_cdf(t: float, df: int) -> float:
-    r"""The Student t distribution's CDF :math:`F_\nu(t)` for an integer ``df`` :math:`= \nu \ge 1`,
-    book eq. ``eq-claims-t-cdf``, in closed form (Abramowitz & Stegun 1964, 26.7.3-4):
+    r"""The Student t distribution's CDF :math:`F_\nu(z)` at ``t`` :math:`= z` for an integer ``df``
+    :math:`= \nu \ge 1`, book eq. ``eq-claims-t-cdf``, in closed form (Abramowitz & Stegun 1964,
+    26.7.3-4):
 
-    .. math:: \theta = \arctan\frac{|t|}{\sqrt\nu},\qquad
-              G_\nu = \begin{cases}
-              \frac{2}{\pi}\Big(\theta + \sin\theta\sum_{j=0}^{(\nu-3)/2} c_j\cos^{2j+1}\theta\Big)
-              & \nu \text{ odd},\ c_0 = 1,\ c_j = c_{j-1}\frac{2j}{2j+1}\\[4pt]
-              \sin\theta \sum_{j=0}^{(\nu-2)/2} e_j \cos^{2j}\theta
-              & \nu \text{ even},\ e_0 = 1,\ e_j = e_{j-1}\frac{2j-1}{2j}
-              \end{cases},\qquad F_\nu(t) = \tfrac12 + \tfrac12\operatorname{sign}(t)\,G_\nu
+    .. math:: \chi = \arctan\frac{|z|}{\sqrt\nu},\qquad
+              \Pr(|t| \le |z|) = \begin{cases}
+              \frac{2}{\pi}\Big(\chi + \sin\chi\sum_{j=0}^{(\nu-3)/2}
+              \frac{(2j)!!}{(2j+1)!!}\cos^{2j+1}\chi\Big) & \nu \text{ odd}\\[4pt]
+              \sin\chi \sum_{j=0}^{(\nu-2)/2} \frac{(2j-1)!!}{(2j)!!} \cos^{2j}\chi
+              & \nu \text{ even}
+              \end{cases},\qquad F_\nu(z) = \tfrac12 + \tfrac12\operatorname{sign}(z)\,\Pr(|t| \le |z|)
 
-    where :math:`G_\nu` is the probability that a t-distributed variable lies in :math:`[-|t|, |t|]`.
-    Raises ``ValueError`` for ``df < 1`` or a non-integer ``df``.
+    (the code builds the double-factorial ratios as running products). Raises ``ValueError`` for
+    ``df < 1`` or a non-integer ``df``.
+
+    Implements: eq-claims-t-cdf
     """
     if isinstance(df, bool) or not isinstance(df, int) or df < 1:
         raise ValueError(f"df must be an integer >= 1 (n - 1 for n paired seeds), got {df!r}")
@@ -180,13 +183,14 @@ def paired_t_interval(
 ) -> tuple[float, float, float]:
     r"""Mean paired difference and its t-interval, book eq. ``eq-claims-paired-t``:
 
-    .. math:: d_s = y_s - x_s,\quad \bar d = \frac1n\sum_s d_s,\quad
-              s_d^2 = \frac{1}{n-1}\sum_s (d_s - \bar d)^2,\quad
+    .. math:: d_i = y_i - x_i,\quad \bar d = \frac1n\sum_i d_i,\quad
+              s_d^2 = \frac{1}{n-1}\sum_i (d_i - \bar d)^2,\quad
               \bar d \pm t_{n-1,\,(1+c)/2}\,\frac{s_d}{\sqrt n}
 
     with :math:`n` (the book's :math:`n_\text{seeds}`) pairs and confidence :math:`c`,
+    ``x`` the baseline's figure and ``y`` the variant's for the same seed ``i``.
 
-    ``x`` the baseline's figure and ``y`` the variant's for the same seed ``s``.
+    Implements: eq-claims-paired-t
 
     Returns:
         ``(mean, low, high)``.
@@ -220,6 +224,8 @@ def sign_test(baseline: Sequence[float] | Tensor, variant: Sequence[float] | Ten
 
     Ties (equal figures) are dropped. With :math:`n` pairs the smallest attainable ``p`` is
     :math:`2^{1-n}` (0.0625 for five seeds). Returns 1.0 when every pair ties.
+
+    Implements: eq-claims-sign
     """
     x, y = _as_float64(baseline, "baseline"), _as_float64(variant, "variant")
     if x.shape != y.shape:
@@ -250,6 +256,8 @@ class TiedQKSelfAttention(SelfAttention):
     :class:`.multihead.SelfAttention`, which it equals when that layer's ``W_k`` is set to ``W_q``.
     ``weights`` reports ``W_k = W_q``; :meth:`to_torch` gives the equal ``nn.MultiheadAttention``.
     Loading from a torch module raises ``TypeError`` (it has a separate ``W_k``).
+
+    Implements: eq-claims-tied
     """
 
     def __init__(
@@ -305,6 +313,8 @@ class UnscaledSelfAttention(SelfAttention):
     fused kernel and in :meth:`attention_map` alike. (The same identity shows that the scale can be
     absorbed into :math:`W_q`, as Turner's footnote 8 does; the claim is about training, not about
     what the layer can express.)
+
+    Implements: eq-claims-unscaled
     """
 
     def project(self, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -410,7 +420,10 @@ class AddedPositions(nn.Module):
 class ConcatenatedPositions(nn.Module):
     r"""Learned positions concatenated with the tokens, book eq. ``eq-claims-concat``:
     :math:`\mathbf x^{(0)}_n = [\mathbf x_n;\ \mathbf r_n]`, ``R`` of shape ``(max_len, d_pos)``;
-    the tokens are ``D - d_pos`` wide, ``X^(0)`` is ``D`` wide (``d_extra = d_pos``)."""
+    the tokens are ``D - d_pos`` wide, ``X^(0)`` is ``D`` wide (``d_extra = d_pos``).
+
+    Implements: eq-claims-concat
+    """
 
     def __init__(self, max_len: int, d_pos: int) -> None:
         super().__init__()
@@ -612,6 +625,8 @@ def normalised_entropy(A: Tensor) -> Tensor:
 
     Args:
         A: causal weights ``(..., N, N)``, ``N >= 2``. Returns a tensor of shape ``A.shape[:-2]``.
+
+    Implements: eq-claims-entropy
     """
     if A.dim() < 2 or A.shape[-1] != A.shape[-2] or A.shape[-1] < 2:
         raise ValueError(
@@ -650,9 +665,12 @@ def fc2_gradient_norms(model: ClaimsLM, idx: Tensor, targets: Tensor) -> list[fl
 
 def loss_by_position(model: nn.Module, batches: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
     r"""Mean next-token loss at every position, book eq. ``eq-claims-position-loss``:
-    :math:`\mathcal L_n = -\frac{1}{B_\text{val}}\sum_j \log p(w_{j,n+1} \mid w_{j,1..n})` over all
+    :math:`\mathcal L_n = -\frac{1}{B_\text{val}}\sum_j \log p(t_{j,n+1} \mid t_{j,1..n})` over all
     :math:`B_\text{val}` windows of the ``batches`` (each ``(x, y)`` of shape ``(B, N)``). Returns
-    ``(N,)`` float64."""
+    ``(N,)`` float64.
+
+    Implements: eq-claims-position-loss
+    """
     total, count = None, 0
     with eval_mode(model):
         for x, y in batches:

@@ -22,6 +22,7 @@ from .language_models import KVCache, gpt2_init
 from .multihead import AttentionLayer, SelfAttention, split_heads
 from .position import LearnedPositionalEmbedding
 from .runtime import eval_mode
+from .self_attention import causal_mask
 from .train import History, Recipe, TrainConfig, train
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ __all__ = [
     "DecoderBlock",
     "Seq2Seq",
     "Seq2SeqConfig",
+    "decoder_mask",
     "exact_match",
     "train_dates",
 ]
@@ -45,11 +47,13 @@ MemoryKV = tuple[Tensor, Tensor]
 
 
 class CrossAttention(AttentionLayer):
-    r"""Multi-head cross-attention, book eq. ``eq-ed-cross``: queries from the decoder stream ``X``,
-    keys and values from the encoder's output (the *memory*).
+    r"""Multi-head cross-attention: queries from the decoder stream ``X``, keys and values from the
+    encoder's output (the *memory* :math:`X_\text{mem}`).
 
     .. math:: \mathrm{head}_h = \operatorname{softmax}_\text{row}\!\Big(\frac{X W_q^{(h)}
-              (H_\text{enc} W_k^{(h)})^\top}{\sqrt{d_k}}\Big) H_\text{enc} W_v^{(h)}
+              (X_\text{mem} W_k^{(h)})^\top}{\sqrt{d_k}}\Big) X_\text{mem} W_v^{(h)}
+
+    Implements: eq-ed-cross
 
     The memory's keys and values depend only on the source sequence, so :meth:`memory_kv` computes
     them once and :meth:`forward` reuses them at every decoding step (book eq. ``eq-ed-static``).
@@ -57,7 +61,9 @@ class CrossAttention(AttentionLayer):
     """
 
     def memory_kv(self, memory: Tensor) -> MemoryKV:
-        """``memory (B, M, D) -> (K, V)``, each ``(B, H, M, d_k)``: once per source sequence."""
+        """``memory (B, M, D) -> (K, V)``, each ``(B, H, M, d_k)``: once per source sequence.
+
+        Implements: eq-ed-static"""
         self._check_tokens(memory, "memory")
         D = self.d_model
         W, b = self.in_proj.weight[D:], None if self.in_proj.bias is None else self.in_proj.bias[D:]
@@ -73,7 +79,9 @@ class CrossAttention(AttentionLayer):
 
     def attention_map(self, X: Tensor, memory_kv: MemoryKV, mask: Tensor | None = None) -> Tensor:
         """The weights ``(B, H, N, M)`` with which every head reads the memory: the ``A^(h)`` whose
-        mean over heads is the alignment of book eq. ``eq-ed-align``."""
+        mean over heads is the alignment.
+
+        Implements: eq-ed-align"""
         return self.weights_of(self.queries(X), memory_kv[0], mask)
 
     def forward(self, X: Tensor, memory_kv: MemoryKV, mask: Tensor | None = None) -> Tensor:
@@ -94,15 +102,10 @@ class CrossAttention(AttentionLayer):
 
 
 class DecoderBlock(nn.Module):
-    r"""Pre-norm decoder block with cross-attention, book eq. ``eq-ed-decoder`` (Vaswani et al. 2017;
-    Dramko 2025 sec. 5.1):
+    """Pre-norm decoder block (Vaswani et al. 2017; Dramko 2025 sec. 5.1): causal self-attention,
+    cross-attention to the memory (queries from ``LN(X')``), token-wise MLP, each with its residual.
 
-    .. math:: Z_1 = X + \mathrm{MHSA}_\text{causal}(\mathrm{LN}(X)),\quad
-              Z_2 = Z_1 + \mathrm{MHA}(\mathrm{LN}(Z_1), H_\text{enc}),\quad
-              X' = Z_2 + \mathrm{MLP}(\mathrm{LN}(Z_2))
-
-    In the cross-attention the queries come from the decoder stream ``LN(Z_1)`` and the keys and values
-    from the encoder's output ``H_enc``.
+    Implements: eq-ed-decoder
     """
 
     final_norm = True  # pre-norm: a stack of these ends with a LayerNorm
@@ -135,8 +138,20 @@ class DecoderBlock(nn.Module):
         return Z + self.drop(self.mlp(self.norm3(Z)))  # (B, N, D)
 
 
+def decoder_mask(tgt: Tensor, pad_id: int = 0) -> Tensor:
+    """The decoder's self-attention mask for padded targets ``tgt`` ``(B, N)``: ``(B, N, N)``, ``True``
+    where query ``n`` may attend to key ``m``, that is ``m <= n`` and ``tgt[:, m]`` is not padding.
+
+    Implements: eq-ed-decmask
+
+    Needed when padding can come first (prompts padded on the left); with targets padded on the right,
+    as :class:`Seq2Seq` trains, the causal mask alone already hides every padded key from every real
+    query. A causal :class:`.multihead.SelfAttention` given the key mask computes the same."""
+    return causal_mask(tgt.shape[1], device=tgt.device) & (tgt != pad_id)[:, None, :]
+
+
 class Decoder(nn.Module):
-    """``L_d`` decoder blocks (``n_layers``) and a final LayerNorm, book eq. ``eq-ed-model``.
+    """``L_d`` decoder blocks (``n_layers``) and a final LayerNorm (the decoder of the model).
 
     ``memory_kv(memory)`` gives every block's cross-attention keys and values (once per source);
     ``forward(X (B, N, D), memory_kv, memory_mask, caches) -> (B, N, D)``.
@@ -181,17 +196,15 @@ class Seq2SeqConfig:
 
 
 class Seq2Seq(nn.Module):
-    r"""An encoder-decoder transformer, book eq. ``eq-ed-model`` (Vaswani et al. 2017; Dramko 2025 sec. 5).
+    r"""An encoder-decoder transformer (Vaswani et al. 2017; Dramko 2025 sec. 5).
+
+    Implements: eq-ed-model, eq-ed-factor
 
     The encoder reads the whole source (padding hidden by a mask); the decoder reads the target so far
     with causal self-attention and attends to the encoder's output through cross-attention; a linear
-    map projects into the target vocabulary.
-
-    ``forward(src (B, M), tgt_in (B, N), tgt_out (B, N) | None) -> (logits (B, N, |V|), loss |
-    None)``, with ``M`` the source length and ``|V|`` the target vocabulary. The logits are the head
-    of book eq. ``eq-ed-head``, one conditional of the factorisation eq. ``eq-ed-factor`` per target
-    position in one pass; the loss is eq. ``eq-ed-loss``, which ignores padding positions of
-    ``tgt_out``.
+    map projects into the target vocabulary. ``forward(src (B, M), tgt_in (B, N), tgt_out (B, N) |
+    None) -> (logits (B, N, |V|), loss | None)``: one pass gives every conditional of the
+    factorisation, one per target position; the loss ignores padding positions of ``tgt_out``.
     """
 
     def __init__(self, config: Seq2SeqConfig) -> None:
@@ -210,19 +223,23 @@ class Seq2Seq(nn.Module):
     def forward(
         self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
+        """Logits ``(B, N, V)`` and, given ``tgt_out``, the mean cross-entropy over its real tokens.
+
+        Implements: eq-ed-loss"""
         memory, keep = self.encode(src)  # (B, M, D), (B, M)
         logits = self.decode(tgt_in, self.decoder.memory_kv(memory), keep)  # (B, N, V)
         if tgt_out is None:
             return logits, None
-        loss = F.cross_entropy(  # eq-ed-loss: padding positions do not count
+        loss = F.cross_entropy(  # eq. (eq-ed-loss): padding positions do not count
             logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=self.config.pad_id
         )
         return logits, loss
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """Encoder output ``(B, M, D)`` and the key mask ``(B, M)`` (``True`` = real token), book eq.
-        ``eq-ed-keymask``: the encoder's self-attention and (in :meth:`decode`) the cross-attention
-        hide the padded source tokens with it."""
+        """The memory ``(B, M, D)`` and ``keep`` ``(B, M)`` (``True`` = real token): the encoder's
+        self-attention and (in :meth:`decode`) the cross-attention hide the padded source tokens.
+
+        Implements: eq-ed-keymask"""
         c = self.config
         self._check(src, "src", c.src_len, c.src_vocab)
         keep = src != c.pad_id  # (B, M)
@@ -236,7 +253,9 @@ class Seq2Seq(nn.Module):
         keep: Tensor,
         caches: Sequence[KVCache] | None = None,
     ) -> Tensor:
-        """Logits ``(B, N, V)`` for the target tokens ``tgt_in`` given the memory's keys and values."""
+        """Logits ``(B, N, V)`` for the target tokens ``tgt_in`` given the memory's keys and values.
+
+        Implements: eq-ed-head"""
         c = self.config
         start = len(caches[0]) if caches else 0
         self._check(tgt_in, "tgt_in", c.tgt_len - start, c.tgt_vocab)
@@ -246,12 +265,11 @@ class Seq2Seq(nn.Module):
 
     @torch.no_grad()
     def greedy_decode(self, src: Tensor, bos: int, eos: int, use_cache: bool = True) -> Tensor:
-        """Greedy decoding, book eq. ``eq-ed-greedy``: ``(B, tgt_len)`` ids starting with ``bos``;
-        after ``eos`` only padding.
+        """Greedy decoding: ``(B, tgt_len)`` ids starting with ``bos``; after ``eos`` only padding.
+        The encoder and the memory's keys and values run once; with ``use_cache`` each step runs only
+        the newest token through the decoder.
 
-        The encoder runs once and so do the cross-attention keys and values of its output; with
-        ``use_cache`` the decoder's self-attention keys and values are cached as well, so each step runs
-        only the newest token.
+        Implements: eq-ed-greedy, eq-ed-static
         """
         c = self.config
         with eval_mode(self):
@@ -336,8 +354,9 @@ def train_dates(
 
     The one training run of chapter 8, its lab and ``bench/seq2seq.py``. Training pairs are drawn with
     seed 1 (:meth:`.data.DateTask.held_out` excludes their inputs from a test set). Each step is
-    teacher forced: the target is shifted into decoder input and expected output, book eq.
-    ``eq-ed-shift``.
+    teacher forced: the target is shifted into decoder input and expected output.
+
+    Implements: eq-ed-shift
     """
     recipe = recipe.with_steps(steps)
     torch.manual_seed(seed)
@@ -366,8 +385,9 @@ def train_dates(
 
 
 def exact_match(model: Seq2Seq, task: DateTask, pairs: Sequence[tuple[str, str]]) -> float:
-    """Fraction of ``(input, ISO date)`` pairs whose greedy, cached decoding equals the ISO date:
-    the exact match of book eq. ``eq-ed-exact``."""
+    """Fraction of ``(input, ISO date)`` pairs whose greedy, cached decoding equals the ISO date.
+
+    Implements: eq-ed-exact"""
     device = next(model.parameters()).device
     src, _ = (t.to(device) for t in task.tensors(list(pairs)))
     out = model.greedy_decode(src, task.BOS, task.EOS)

@@ -149,6 +149,8 @@ class RMSNorm(nn.Module):
 
     Computes ``X * rsqrt(mean(X^2) + eps) * gamma``, in float32 for half-precision inputs; it does not
     call ``torch.nn.RMSNorm`` (PyTorch 2.4+), so the book and the tests can compare the two.
+
+    Implements: eq-ext-rmsnorm
     """
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
@@ -192,12 +194,12 @@ def gated_mlp_reference(
 ) -> Tensor:
     r"""A gated MLP, book eq. ``eq-ext-glu`` (Shazeer 2020, no biases):
 
-    .. math:: \mathrm{MLP}_\text{gated}(X) = \big(\phi(X W_g) \odot X W_1\big) W_2
+    .. math:: \mathrm{MLP}_\text{gated}(X) = \big(\operatorname{act}(X W_g) \odot X W_1\big) W_2
 
     with the gate ``W_g`` and ``W_1`` ``(D, d_ff)``, ``W_2`` ``(d_ff, D)`` (``W_1, W_2`` as in the plain
-    MLP of book eq. ``eq-block-mlp``) and :math:`\odot` the entry-wise product; :math:`\phi` = SiLU
-    is SwiGLU, sigmoid the original GLU (Dauphin et al. 2017), GELU GEGLU, ReLU ReGLU. Shazeer writes
-    ``W`` for the gate and ``V`` for ``W_1``. ``X`` ``(..., D)``.
+    MLP of book eq. ``eq-block-mlp``) and :math:`\odot` the entry-wise product; the activation
+    :math:`\operatorname{act}` = SiLU is SwiGLU, sigmoid the original GLU (Dauphin et al. 2017), GELU
+    GEGLU, ReLU ReGLU. Shazeer writes ``W`` for the gate and ``V`` for ``W_1``. ``X`` ``(..., D)``.
     """
     if (
         W_g.shape != W_1.shape
@@ -217,6 +219,8 @@ class GatedMLP(nn.Module):
 
     ``forward(X (..., N, D)) -> (..., N, D)``; :attr:`weights` gives ``W_g, W_1, W_2`` in the book's
     ``X @ W`` convention.
+
+    Implements: eq-ext-glu
     """
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "silu") -> None:
@@ -239,7 +243,10 @@ def swiglu_hidden(d_model: int, multiple_of: int = 1) -> int:
     r"""The hidden width that gives a gated MLP the parameters of a ``4D`` two-matrix MLP, book eq.
     ``eq-ext-dff``: :math:`3 D d_\text{ff} = 2 D (4D)`, so :math:`d_\text{ff} = 8D/3`, rounded to the
     nearest integer and then up to a multiple of ``multiple_of`` (Shazeer 2020 scales ``d_ff`` by 2/3;
-    LLaMA rounds up to a multiple of 256)."""
+    LLaMA rounds up to a multiple of 256).
+
+    Implements: eq-ext-dff
+    """
     if d_model < 1 or multiple_of < 1:
         raise ValueError(f"need d_model >= 1 and multiple_of >= 1, got {d_model}, {multiple_of}")
     d_ff = round(8 * d_model / 3)
@@ -285,7 +292,10 @@ def rope_rotation_matrix(n: int, d: int, base: float = 10_000.0) -> Tensor:
     \cos n\omega_i\end{bmatrix}` per pair of features ``(2i, 2i+1)`` (Su et al. 2024). Float64.
 
     Orthogonal, with :math:`\Theta_n^\top\Theta_m = \Theta_{m-n}`: the relative property of book eq.
-    ``eq-ext-rope-relative``."""
+    ``eq-ext-rope-relative``.
+
+    Implements: eq-ext-rope, eq-ext-rope-relative
+    """
     angles = n * rope_frequencies(d, base)  # (d/2,)
     c, s = torch.cos(angles), torch.sin(angles)
     return torch.block_diag(*[torch.stack([torch.stack([c[i], -s[i]]), torch.stack([s[i], c[i]])])
@@ -323,7 +333,10 @@ def apply_rope_complex(
     r"""RoPE in its complex form, book eq. ``eq-ext-rope-complex``: each pair ``(x_{2i}, x_{2i+1})`` is
     the complex number :math:`z_i = x_{2i} + \mathrm{i}\,x_{2i+1}`, multiplied by
     :math:`e^{\mathrm{i} p_n \omega_i}` (Su et al. 2024). ``X`` ``(..., N, d)``, float32 or
-    float64."""
+    float64.
+
+    Implements: eq-ext-rope-complex
+    """
     z = torch.view_as_complex(X.reshape(*X.shape[:-1], -1, 2).contiguous())  # (..., N, d/2)
     rotation = torch.polar(torch.ones_like(z.real), _angles(X, positions, base).to(z.real.dtype))
     return torch.view_as_real(z * rotation).flatten(-2)  # (..., N, d)
@@ -346,6 +359,8 @@ def apply_rope(X: Tensor, positions: Tensor | None = None, base: float = 10_000.
 
     Returns:
         ``(..., N, d)``, the dtype of ``X`` (angles are computed in float64).
+
+    Implements: eq-ext-rope-fast
     """
     angles = _angles(X, positions, base).repeat_interleave(2, dim=-1)  # (N, d): each angle twice
     x = X.unflatten(-1, (-1, 2))  # (..., N, d/2, 2): the pairs
@@ -366,7 +381,10 @@ def apply_rope_halves(X: Tensor, positions: Tensor | None = None, base: float = 
 class RotaryEmbedding(nn.Module):
     """Rotates queries or keys ``(B, H, N, d_k)`` by the positions ``start .. start + N - 1``
     (:func:`apply_rope`); no parameters. ``start > 0`` continues a sequence held in a key-value
-    cache."""
+    cache.
+
+    Implements: eq-ext-rope-fast
+    """
 
     def __init__(self, d_k: int, base: float = 10_000.0) -> None:
         super().__init__()
@@ -386,7 +404,7 @@ class RotaryEmbedding(nn.Module):
 
 
 def alibi_slopes(H: int) -> Tensor:
-    r"""The head slopes :math:`\kappa_h` of ALiBi (Press et al. 2022), float64 ``(H,)``: for ``H`` a power of
+    r"""The head slopes :math:`\xi_h` of ALiBi (Press et al. 2022), float64 ``(H,)``: for ``H`` a power of
     two the geometric sequence :math:`2^{-8h/H}`, ``h = 1 .. H``; otherwise the slopes of the nearest
     smaller power of two followed by every other slope of the next one, as the authors' code does."""
     if H < 1:
@@ -401,8 +419,11 @@ def alibi_slopes(H: int) -> Tensor:
 
 def alibi_bias(N: int, slopes: Tensor, M: int | None = None) -> Tensor:
     r"""The additive biases ``(H, N, M)`` of ALiBi, book eq. ``eq-ext-alibi``:
-    :math:`-\kappa_h\,(n - m)` for query ``n`` and key ``m``, the queries being the last ``N`` of ``M``
-    positions. Meant for causal attention: entries with ``m > n`` are masked anyway."""
+    :math:`-\xi_h\,(n - m)` for query ``n`` and key ``m``, the queries being the last ``N`` of ``M``
+    positions. Meant for causal attention: entries with ``m > n`` are masked anyway.
+
+    Implements: eq-ext-alibi
+    """
     M = N if M is None else M
     n = torch.arange(M - N, M, dtype=torch.float64, device=slopes.device)[:, None]  # (N, 1)
     m = torch.arange(M, dtype=torch.float64, device=slopes.device)[None, :]  # (1, M)
@@ -422,7 +443,7 @@ def alibi_attention_reference(Q: Tensor, K: Tensor, V: Tensor, slopes: Tensor) -
     r"""Causal attention with linear biases, book eq. ``eq-ext-alibi``, one head and one query at a time:
 
     .. math:: \mathbf{y}_n = \sum_{m \le n} \operatorname{softmax}_m\Big(
-              \frac{\mathbf{q}_n^\top\mathbf{k}_m}{\sqrt{d_k}} - \kappa_h (n - m)\Big)\, \mathbf{v}_m
+              \frac{\mathbf{q}_n^\top\mathbf{k}_m}{\sqrt{d_k}} - \xi_h (n - m)\Big)\, \mathbf{v}_m
 
     ``Q`` ``(..., H, N, d_k)``, ``K`` ``(..., H, M, d_k)``, ``V`` ``(..., H, M, d_v)``, ``slopes``
     ``(H,)``; the queries are the last ``N`` of ``M`` positions. No position is added to the tokens.
@@ -446,7 +467,10 @@ def alibi_attention_reference(Q: Tensor, K: Tensor, V: Tensor, slopes: Tensor) -
 def alibi_attention(Q: Tensor, K: Tensor, V: Tensor, slopes: Tensor) -> Tensor:
     """Causal attention with linear biases, book eq. ``eq-ext-alibi``: one fused call of
     ``F.scaled_dot_product_attention`` with the biases and the causal mask as one float mask. Same
-    arguments and result as :func:`alibi_attention_reference`."""
+    arguments and result as :func:`alibi_attention_reference`.
+
+    Implements: eq-ext-alibi
+    """
     _check_alibi(Q, K, V, slopes)
     N, M = Q.shape[-2], K.shape[-2]
     bias = alibi_bias(N, slopes, M).to(Q.dtype)  # (H, N, M)
@@ -478,8 +502,11 @@ def gqa_reference(
     r"""Grouped-query attention, book eq. ``eq-ext-gqa``, one head at a time:
 
     .. math:: \mathrm{head}_h = \operatorname{softmax}_\text{row}\!\Big(\frac{X W_q^{(h)}
-              (X W_k^{(g(h))})^\top}{\sqrt{d_k}}\Big) X W_v^{(g(h))},\qquad g(h) = \lfloor h H_\text{kv}
-              / H\rfloor
+              (X W_k^{(g(h))})^\top}{\sqrt{d_k}}\Big) X W_v^{(g(h))},\qquad g(h) = \lceil h H_\text{kv}
+              / H\rceil
+
+    with heads counted from 1 (from 0 in the code: key-value head ``h * H_kv // H`` for query head
+    ``h``).
 
     ``X`` ``(..., N, D)``; ``W_q`` ``(D, H d_k)``; ``W_k, W_v`` ``(D, H_kv d_k)``; ``W_o`` ``(H d_k, D)``;
     ``mask`` bool ``(N, N)``. ``H_kv = H`` is multi-head attention, ``H_kv = 1`` multi-query attention.
@@ -522,6 +549,8 @@ class GroupedQueryAttention(nn.Module):
         d_model: ``D``; H: query heads; H_kv: key-value heads, dividing ``H`` (default ``H``).
         causal: as :class:`.multihead.SelfAttention`.
         rope: a :class:`RotaryEmbedding` applied to ``Q`` and ``K`` after the projections, or ``None``.
+
+    Implements: eq-ext-gqa
     """
 
     def __init__(
@@ -594,7 +623,10 @@ def kv_cache_bytes(
 ) -> int:
     r"""Bytes of a full key-value cache, book eq. ``eq-ext-kv-bytes``:
     :math:`2 \cdot L \cdot B \cdot H_\text{kv} \cdot C \cdot d_k` numbers (keys and values, every
-    layer, sequence, key-value head, position and feature) of ``dtype``'s size."""
+    layer, sequence, key-value head, position and feature) of ``dtype``'s size.
+
+    Implements: eq-ext-kv-bytes
+    """
     return 2 * n_layers * B * H_kv * C * d_k * torch.empty((), dtype=dtype).element_size()
 
 
@@ -612,6 +644,8 @@ def online_softmax(S: Tensor) -> Tensor:
 
     with :math:`\mu_0 = -\infty`, :math:`\lambda_0 = 0`. A reference that reads like the recurrence: one
     Python step per score. ``S`` ``(..., M)``, any finite values.
+
+    Implements: eq-ext-online
     """
     mu = torch.full(S.shape[:-1], float("-inf"), dtype=S.dtype, device=S.device)
     lam = torch.zeros(S.shape[:-1], dtype=S.dtype, device=S.device)
@@ -651,6 +685,8 @@ def tiled_attention(
 
     Returns:
         ``(..., N, d_v)``, equal to softmax attention up to rounding.
+
+    Implements: eq-ext-tiled
     """
     _check_qkv(Q, K, V, None)
     if block_q < 1 or block_k < 1:
@@ -760,7 +796,10 @@ def sliding_window_mask(N: int, w: int, device: torch.device | str | None = None
     r"""Bool ``(N, N)`` mask of causal sliding-window attention, book eq. ``eq-ext-window``: query ``n``
     may attend to key ``m`` when :math:`n - w < m \le n`, its own token and the ``w - 1`` before it
     (Child et al. 2019; Beltagy et al. 2020). Pass it as ``mask=`` to
-    :class:`.multihead.SelfAttention`."""
+    :class:`.multihead.SelfAttention`.
+
+    Implements: eq-ext-window
+    """
     if w < 1:
         raise ValueError(f"the window must hold at least the token itself, got w={w}")
     n = torch.arange(N, device=device)
@@ -771,7 +810,10 @@ def sliding_window_mask(N: int, w: int, device: torch.device | str | None = None
 def sliding_window_edges(N: int, w: int) -> int:
     r"""Query-key pairs of :func:`sliding_window_mask`, book eq. ``eq-ext-window-cost``:
     :math:`\sum_n \min(n, w) = wN - w(w-1)/2` for :math:`N \ge w` (counting tokens from 1), against
-    :math:`N(N+1)/2` for full causal attention."""
+    :math:`N(N+1)/2` for full causal attention.
+
+    Implements: eq-ext-window-cost
+    """
     if N < 0 or w < 1:
         raise ValueError(f"need N >= 0 and w >= 1, got N={N}, w={w}")
     return N * (N + 1) // 2 if N <= w else w * N - w * (w - 1) // 2
@@ -794,7 +836,10 @@ def sliding_window_attention(Q: Tensor, K: Tensor, V: Tensor, w: int) -> Tensor:
     """Causal sliding-window attention in ``O(N w)`` time and memory, book eq. ``eq-ext-window``: the
     keys and values are padded with ``w - 1`` rows in front and unfolded into one window per query,
     ``(..., N, w, d)``; the scores are ``(..., N, w)``, never ``N x N``. Same result as
-    :func:`sliding_window_attention_reference`."""
+    :func:`sliding_window_attention_reference`.
+
+    Implements: eq-ext-window
+    """
     _check_qkv(Q, K, V, None)
     if w < 1:
         raise ValueError(f"the window must hold at least the token itself, got w={w}")
@@ -898,6 +943,8 @@ class ModernGPT(GPT):
 
     Everything else is :class:`.language_models.GPT`'s: ``forward``, the loss, the key-value caches
     and therefore :func:`.language_models.generate`, ``save`` and ``load``.
+
+    Implements: eq-ext-modern
     """
 
     config_class = ModernGPTConfig

@@ -51,13 +51,16 @@ __all__ = [
     "KVCache",
     "LMRecipe",
     "LMRun",
+    "attention_maps",
     "bigram_log_probs",
+    "bits_per_token",
     "continuation_loss",
     "generate",
     "generate_text",
     "generate_with_logits",
     "gpt2_init",
     "next_token",
+    "perplexity",
     "positions_processed",
     "replace_prefix_tokens",
     "sample_under_teacher_forcing",
@@ -73,18 +76,11 @@ __all__ = [
 
 
 class KVCache:
-    r"""Keys and values of the tokens seen so far by one self-attention layer, book eq.
-    ``eq-lm-kv-append`` (Dramko 2025 sec. 5.3):
+    r"""The keys and values of the tokens seen so far by one self-attention layer (Dramko 2025 sec.
+    5.3) in buffers ``(B, H, capacity, d_k)``, allocated at the first :meth:`update` and written in
+    place: appending copies only the new entries. For inference only (no gradients).
 
-    .. math:: K_{1:t} = \begin{bmatrix} K_{1:t-1} \\ K_t \end{bmatrix},\qquad
-              V_{1:t} = \begin{bmatrix} V_{1:t-1} \\ V_t \end{bmatrix}
-
-    The buffers, ``(B, H, capacity, d_k)`` each, are allocated at the first :meth:`update` and written in
-    place: appending a token copies only its own keys and values, never the earlier ones. For inference
-    (the buffers are overwritten, so gradients through them are not supported).
-
-    Args:
-        capacity: the most positions the cache can hold (a GPT's context, ``block_size``).
+    Implements: eq-lm-kv-append
     """
 
     def __init__(self, capacity: int) -> None:
@@ -164,43 +160,48 @@ SHAKESPEARE_GPU = GPTConfig(
 """nanoGPT's ``shakespeare_char`` size (Karpathy 2022): 6 layers, 6 heads, 384 wide, context 256."""
 
 
+def _check_token_ids(idx: Tensor, start: int, config: GPTConfig) -> None:
+    """The errors of :meth:`GPT.forward`. Token ids are checked whenever a sequence starts; the tokens
+    that continue a cache are the model's own choices and are not checked again (a check costs two
+    host synchronisations per token on a GPU)."""
+    if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32):
+        raise ValueError(
+            f"idx must be integer token ids of shape (B, N), got {idx.dtype} {tuple(idx.shape)}"
+        )
+    if start + idx.shape[1] > config.block_size:
+        raise ValueError(
+            f"{start + idx.shape[1]} tokens exceed the context of {config.block_size}; crop "
+            "the input (tc.language_models.generate does this for you)"
+        )
+    if start == 0 and idx.numel() and (idx.min() < 0 or idx.max() >= config.vocab_size):
+        raise ValueError(
+            f"token ids must lie in [0, {config.vocab_size}), got {idx.min()}..{idx.max()}"
+        )
+
+
 class GPT(nn.Module):
-    r"""A decoder-only transformer language model, book eq. ``eq-lm-head``; one forward pass gives
-    every conditional of the chain rule, book eq. ``eq-lm-chain``.
+    r"""A decoder-only transformer language model: one forward pass gives every conditional of the
+    chain rule, :math:`p(s_{n+1} \mid s_{1:n}) = \operatorname{softmax}(\mathrm{LN}(X^{(L)})
+    W_\text{vocab})_n`, and with ``targets`` the mean cross-entropy over all ``B N`` positions.
 
-    .. math:: X^{(0)} = E[\mathbf{t}] + R,\qquad X^{(L)} = \mathrm{stack}(X^{(0)}),
+    Implements: eq-lm-chain, eq-lm-head, eq-lm-loss
 
-              p(t_{n+1} \mid t_{\le n}) =
-              \operatorname{softmax}\big(\mathrm{LN}(X^{(L)}) W_\text{vocab}\big)_n
-
-    with ``E`` the token table ``(|V|, D)``, ``R`` the learned positions ``(C, D)``, ``L`` blocks and
-    ``W_vocab = E^T`` when the weights are tied (Press & Wolf 2017).
     ``forward(idx (B, N), targets (B, N) | None, caches | None) -> (logits (B, N, |V|), loss | None)``.
-    The loss is the mean cross-entropy over all ``B * N`` positions (teacher forcing). With caches
-    (:meth:`new_caches`), ``idx`` holds only the new tokens and positions continue from the cache.
-    Token ids are checked against the vocabulary whenever a sequence starts; the tokens that continue
-    a cache are the model's own choices and are not checked again (a check costs two host
-    synchronisations per token on a GPU).
+    With caches (:meth:`new_caches`), ``idx`` holds only the new tokens.
     """
 
-    # what :meth:`load` rebuilds the config as (a subclass may change it)
-    config_class: type = GPTConfig
+    config_class: type = GPTConfig  # what :meth:`load` rebuilds the config as
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
-        self.pos_emb = LearnedPositionalEmbedding(c.block_size, c.d_model)
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)  # E, (|V|, D)
+        self.pos_emb = LearnedPositionalEmbedding(c.block_size, c.d_model)  # R, (C, D)
         self.drop = nn.Dropout(c.dropout)
-        self.stack = TransformerStack(
-            PreNormBlock,
-            c.n_layers,
-            c.d_model,
-            c.H,
-            activation="gelu",
-            dropout=c.dropout,
+        self.stack = TransformerStack(  # L causal pre-norm blocks, then a final LayerNorm
+            PreNormBlock, c.n_layers, c.d_model, c.H, activation="gelu", dropout=c.dropout,
             causal=True,
-        )
+        )  # fmt: skip
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight  # W_vocab = E^T (Press & Wolf 2017)
@@ -220,34 +221,19 @@ class GPT(nn.Module):
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, caches: list[KVCache] | None = None
     ) -> tuple[Tensor, Tensor | None]:
-        start = len(caches[0]) if caches else 0
-        self._check(idx, start)
+        start = len(caches[0]) if caches else 0  # positions already in the cache
+        _check_token_ids(idx, start, self.config)
         X = self.drop(self.pos_emb(self.tok_emb(idx), start=start))  # (B, N, D)
         X = self.stack(X, caches=caches)  # (B, N, D), final LayerNorm included
-        logits = self.lm_head(X)  # (B, N, V)
+        logits = self.lm_head(X)  # (B, N, |V|), eq. (eq-lm-head)
         if targets is None:
             return logits, None
         if targets.shape != idx.shape:
             raise ValueError(
                 f"targets {tuple(targets.shape)} must have the shape of idx {tuple(idx.shape)}"
             )
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())  # eq-lm-loss
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())  # eq. (eq-lm-loss)
         return logits, loss
-
-    def _check(self, idx: Tensor, start: int) -> None:
-        if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32):
-            raise ValueError(
-                f"idx must be integer token ids of shape (B, N), got {idx.dtype} {tuple(idx.shape)}"
-            )
-        if start + idx.shape[1] > self.config.block_size:
-            raise ValueError(
-                f"{start + idx.shape[1]} tokens exceed the context of {self.config.block_size}; crop "
-                "the input (tc.language_models.generate does this for you)"
-            )
-        if start == 0 and idx.numel() and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
-            raise ValueError(
-                f"token ids must lie in [0, {self.config.vocab_size}), got {idx.min()}..{idx.max()}"
-            )
 
     def save(self, path: str | pathlib.Path, **extra) -> None:
         """Save config, weights and any ``extra`` (e.g. the tokenizer's characters) to ``path``."""
@@ -272,8 +258,11 @@ class GPT(nn.Module):
 
 
 def window_start(T: int, block_size: int) -> int:
-    """First visible position of a length-``T`` sequence, book eq. ``eq-lm-window``: the smallest
-    multiple of ``block_size // 2`` that leaves at most ``block_size`` tokens in view."""
+    """First visible position of a length-``T`` sequence: the smallest multiple of
+    ``block_size // 2`` that leaves at most ``block_size`` tokens in view.
+
+    Implements: eq-lm-window
+    """
     if T <= block_size:
         return 0
     jump = max(1, block_size // 2)
@@ -309,8 +298,9 @@ def next_token(
     greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    r"""Choose the next token from ``logits`` ``(B, V)``; returns ``(B, 1)``, book eqs.
-    ``eq-lm-temperature`` and ``eq-lm-topk``.
+    r"""Choose the next token from ``logits`` ``(B, |V|)``; returns ``(B, 1)``.
+
+    Implements: eq-lm-temperature, eq-lm-topk
 
     Greedy takes the arg-max. Otherwise it samples from :math:`\operatorname{softmax}(z / \tau)`, keeping
     only the ``top_k`` largest logits when ``top_k`` is given (Holtzman et al. 2020 discuss why
@@ -334,7 +324,7 @@ def next_token(
     return sample.to(logits.device)
 
 
-def generate_with_logits(
+def generate(
     model: GPT,
     idx: Tensor,
     max_new_tokens: int,
@@ -343,31 +333,28 @@ def generate_with_logits(
     greedy: bool = False,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Extend ``idx`` ``(B, T)`` by ``max_new_tokens`` tokens; returns the ids ``(B, T + new)`` and the
-    logits each new token was chosen from, ``(B, new, V)``.
-
-    With ``use_cache`` each step runs only the newest token through the model (book eq.
-    ``eq-lm-kv-step``); without it, the whole visible window. Both follow the module's window policy,
-    so they choose the same tokens.
+    return_logits: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Extend ``idx`` ``(B, T)`` by ``max_new_tokens`` tokens, each chosen by :func:`next_token`;
+    returns the ids ``(B, T + new)`` (and, with ``return_logits``, the logits each new token was
+    chosen from, ``(B, new, |V|)``). With ``use_cache`` each step runs only the newest token through
+    the model; without it, the whole visible window (:func:`window_start`). Both choose the same tokens.
     """
-    if idx.dim() != 2 or idx.shape[1] == 0:
+    if idx.dim() != 2 or idx.shape[1] == 0 or max_new_tokens < 0:
         raise ValueError(
-            f"idx must be (B, T) with at least one token, got shape {tuple(idx.shape)}"
+            f"need idx (B, T) with at least one token and max_new_tokens >= 0, got shape "
+            f"{tuple(idx.shape)} and max_new_tokens={max_new_tokens}"
         )
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     B, T0, C, V = idx.shape[0], idx.shape[1], model.config.block_size, model.config.vocab_size
-    out = idx.new_empty(B, T0 + max_new_tokens)  # every id, the prompt's and the new ones
-    out[:, :T0] = idx
-    chosen = torch.empty(B, max_new_tokens, V, device=idx.device)  # the logits behind each choice
-    # inference mode: no autograd bookkeeping at all (the outputs above are ordinary tensors)
-    with eval_mode(model), torch.inference_mode():
+    out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # the prompt, then new ids
+    chosen = torch.empty(B, max_new_tokens if return_logits else 0, V, device=idx.device)
+    with eval_mode(model), torch.inference_mode():  # no autograd bookkeeping at all
         caches = model.new_caches() if use_cache else None
-        s = window_start(T0, C)
+        s = window_start(T0, C)  # the first visible position
         logits = model(idx[:, s:], caches=caches)[0][:, -1] if max_new_tokens else None
         for T in range(T0, T0 + max_new_tokens):
-            chosen[:, T - T0] = logits
+            if return_logits:
+                chosen[:, T - T0] = logits
             out[:, T : T + 1] = next_token(logits, temperature, top_k, greedy, generator)
             if T + 1 == T0 + max_new_tokens:
                 break  # the last token is chosen: no need to run the model on it
@@ -375,21 +362,19 @@ def generate_with_logits(
             if use_cache and s_new == s:
                 logits = model(out[:, T : T + 1], caches=caches)[0][:, -1]  # the newest token only
                 continue
-            s = s_new
-            if use_cache:
-                for cache in caches:  # the window moved: rebuild the cache from the visible tokens
-                    cache.reset()
-            logits = model(out[:, s : T + 1], caches=caches)[0][:, -1]  # (B, V)
-    return out, chosen
+            s = s_new  # the window moved (or no cache): run every visible token
+            for cache in caches or []:
+                cache.reset()
+            logits = model(out[:, s : T + 1], caches=caches)[0][:, -1]  # (B, |V|)
+    return (out, chosen) if return_logits else out
 
 
-def generate(model: GPT, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
-    """Extend ``idx`` ``(B, T)`` by ``max_new_tokens`` tokens; returns ``(B, T + max_new_tokens)``.
-
-    Keyword arguments as :func:`generate_with_logits` (``temperature``, ``top_k``, ``greedy``,
-    ``use_cache``, ``generator``).
-    """
-    return generate_with_logits(model, idx, max_new_tokens, **kwargs)[0]
+def generate_with_logits(
+    model: GPT, idx: Tensor, max_new_tokens: int, **kwargs
+) -> tuple[Tensor, Tensor]:
+    """:func:`generate` that also returns the logits each new token was chosen from: ``(ids (B, T +
+    new), logits (B, new, |V|))``. Keyword arguments as :func:`generate`."""
+    return generate(model, idx, max_new_tokens, return_logits=True, **kwargs)
 
 
 def generate_text(
@@ -402,6 +387,70 @@ def generate_text(
     idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)
     out = generate(model, idx, max_new_tokens, **kwargs)
     return tokenizer.decode(out[0].tolist())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measuring a language model: perplexity and bits per token
+
+
+def _mean_nll(nll: Tensor) -> float:
+    nll = torch.as_tensor(nll, dtype=torch.float64)
+    if nll.numel() == 0 or not torch.isfinite(nll).all() or (nll < 0).any():
+        raise ValueError(
+            "nll must hold at least one finite, non-negative negative log-likelihood (in nats), "
+            "-log p of each scored token"
+        )
+    return float(nll.mean())
+
+
+def perplexity(nll: Tensor) -> float:
+    r"""Perplexity of per-token negative log-likelihoods ``nll`` (any shape, natural logs):
+    :math:`\exp\big(\frac{1}{N}\sum_n -\log p(t_{n+1} \mid t_{1:n})\big)`, the exponential of the
+    mean, which is the geometric mean of :math:`1/p`.
+
+    Implements: eq-lm-perplexity
+
+    A uniform guess over ``|V|`` tokens has perplexity ``|V|``: the model is as unsure as a choice
+    among that many equally likely tokens (Jurafsky & Martin, ch. 3).
+    """
+    return math.exp(_mean_nll(nll))
+
+
+def bits_per_token(nll: Tensor) -> float:
+    r"""The mean of per-token negative log-likelihoods ``nll`` (natural logs) in bits,
+    :math:`\mathcal{L} / \ln 2` (bits per character for a character model).
+
+    Implements: eq-lm-bits
+    """
+    return _mean_nll(nll) / math.log(2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# What the heads attend to
+
+
+def attention_maps(model: GPT, idx: Tensor) -> list[Tensor]:
+    """Every head's attention weights for the token ids ``idx`` ``(B, N)``: one ``(B, H, N, N)`` tensor
+    per block, row ``n`` the weights with which token ``n`` attends to tokens ``1..n``. Each layer
+    recomputes them (:meth:`.multihead.SelfAttention.attention_map`) from the input its block hands it
+    during one forward pass in evaluation mode, without gradients (the fused attention kernel never
+    forms them)."""
+    if idx.dim() != 2:
+        raise ValueError(f"idx must be token ids of shape (B, N), got shape {tuple(idx.shape)}")
+    inputs: list[Tensor] = []
+    hooks = [
+        blk.attn.register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
+        for blk in model.stack.blocks
+    ]
+    try:
+        with eval_mode(model), torch.no_grad():
+            model(idx)
+            return [
+                blk.attn.attention_map(X) for blk, X in zip(model.stack.blocks, inputs, strict=True)
+            ]
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -421,12 +470,14 @@ def _check_ids(ids: Tensor, vocab_size: int, alpha: float, least: int) -> None:
 
 
 def unigram_log_probs(ids: Tensor, vocab_size: int, alpha: float = 1.0) -> Tensor:
-    r"""Log-probabilities ``(|V|,)`` of the smoothed unigram model, book eq. ``eq-lm-ngram``:
+    r"""Log-probabilities ``(|V|,)`` of the smoothed unigram model,
 
     .. math:: p(w) = \frac{c(w) + \alpha}{N + \alpha|\mathcal{V}|}
 
     with ``c(w)`` the count of token ``w`` in ``ids`` (``N`` tokens); ``alpha = 1`` is add-one
     (Laplace) smoothing, so an unseen token keeps a small probability. Float64.
+
+    Implements: eq-lm-ngram
     """
     _check_ids(ids, vocab_size, alpha, 1)
     counts = torch.bincount(ids.long(), minlength=vocab_size).double()  # c(w)
@@ -434,12 +485,14 @@ def unigram_log_probs(ids: Tensor, vocab_size: int, alpha: float = 1.0) -> Tenso
 
 
 def bigram_log_probs(ids: Tensor, vocab_size: int, alpha: float = 1.0) -> Tensor:
-    r"""Log-probabilities ``(|V|, |V|)`` of the smoothed bigram model, book eq. ``eq-lm-ngram``:
-    row ``v`` is :math:`\log p(\cdot \mid v)`,
+    r"""Log-probabilities ``(|V|, |V|)`` of the smoothed bigram model: row ``v`` is
+    :math:`\log p(\cdot \mid v)`,
 
     .. math:: p(w \mid v) = \frac{c(v, w) + \alpha}{\sum_{w'} c(v, w') + \alpha|\mathcal{V}|}
 
     with ``c(v, w)`` the number of times ``w`` follows ``v`` in ``ids``. Float64.
+
+    Implements: eq-lm-ngram
     """
     _check_ids(ids, vocab_size, alpha, 2)
     pairs = ids[:-1].long() * vocab_size + ids[1:].long()  # (v, w) as one index
@@ -454,7 +507,9 @@ def bigram_log_probs(ids: Tensor, vocab_size: int, alpha: float = 1.0) -> Tensor
 def teacher_forced_vs_free_running(
     model: GPT, windows: Tensor, prompt_len: int
 ) -> tuple[Tensor, Tensor]:
-    """Greedy predictions of the tokens after a true prompt, two ways (book eq. ``eq-lm-forced-free``).
+    """Greedy predictions of the tokens after a true prompt, two ways.
+
+    Implements: eq-lm-forced-free
 
     ``windows`` ``(B, T)`` holds true text with ``T <= block_size``; the first ``prompt_len`` tokens
     are the prompt. Returns ``(forced, free)``, each ``(B, T - prompt_len)``: ``forced[:, j]`` is the

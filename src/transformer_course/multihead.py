@@ -1,9 +1,11 @@
 """Multi-head attention: the concat + W_o form, one function over split heads, and the self-attention layer.
 
-Chapter: *Multi-head self-attention* (Turner 2023 eq. 4-6 and footnote 13; Bishop & Bishop 2024 sec.
-2.11 and Algorithm 2; MIT 6.390 sec. 9.4.2); Turner's sum-over-heads form is in :mod:`.notation`. Rows are
-tokens. With ``H`` heads of width ``d_k = D / H``, head ``h`` uses columns ``h*d_k : (h+1)*d_k`` of
-``W_q``, ``W_k``, ``W_v`` (each ``D x D``) and rows ``h*d_k : (h+1)*d_k`` of ``W_o`` (``D x D``).
+Chapter: *Multi-head self-attention* (Vaswani et al. 2017; Bishop & Bishop 2024 sec. 2.11 and
+Algorithm 2; MIT 6.390 sec. 9.4.2; Turner 2023 eq. 4-6 and footnote 13, whose sum-over-heads form is in
+:mod:`.notation`). Rows are tokens. With ``H`` heads, queries and keys of width ``d_k`` and values of
+width ``d_v``, head ``h`` (counted from 0 in code) uses columns ``h*d_k : (h+1)*d_k`` of ``W_q`` and
+``W_k`` (``D x H d_k``), columns ``h*d_v : (h+1)*d_v`` of ``W_v`` (``D x H d_v``) and the same rows of
+``W_o`` (``H d_v x D``). The layers use the usual ``d_k = d_v = D / H``, so all four are ``D x D``.
 
 One function, :func:`multi_head_attention`, attends with given queries, keys and values; the layers
 only compute those and merge the heads afterwards. Each layer has one role:
@@ -48,8 +50,10 @@ __all__ = [
 
 
 def split_heads(T: Tensor, H: int) -> Tensor:
-    """``(..., N, H*d) -> (..., H, N, d)``: give each head its own slice of the features, book eq.
-    ``eq-mh-split``."""
+    """``(..., N, H*d) -> (..., H, N, d)``: give each head its own slice of the features.
+
+    Implements: eq-mh-split
+    """
     if T.shape[-1] % H:
         raise ValueError(f"cannot split {T.shape[-1]} features into H={H} equal heads")
     *lead, N, HD = T.shape
@@ -85,6 +89,32 @@ def _check_mask(mask: Tensor | None, B: int, N: int, M: int) -> None:
         )
 
 
+def _head_widths(
+    X: Tensor, Z: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, W_o: Tensor, H: int
+) -> tuple[int, int]:
+    """``(d_k, d_v)`` of the weights of :func:`multi_head_attention_reference`, or a ``ValueError``
+    that says which shape is wrong."""
+    if isinstance(H, bool) or not isinstance(H, int) or H < 1:
+        raise ValueError(f"the number of heads H must be a positive int, got {H!r}")
+    D = X.shape[-1]
+    if Z.shape[-1] != D:
+        raise ValueError(f"X has D={D} features but Z has {Z.shape[-1]}; both must have width D")
+    for name, W in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v)):
+        if W.dim() != 2 or W.shape[0] != D or W.shape[1] % H:
+            raise ValueError(
+                f"{name} has shape {_shape(W)} but must be (D, H*d) = ({D}, {H}*d): D rows and "
+                f"one block of d columns per head"
+            )
+    if W_k.shape != W_q.shape:
+        raise ValueError(f"W_k {_shape(W_k)} and W_q {_shape(W_q)} must have the same shape")
+    if W_o.shape != (W_v.shape[1], D):
+        raise ValueError(
+            f"W_o has shape {_shape(W_o)} but must be (H*d_v, D) = ({W_v.shape[1]}, {D}): one row per "
+            "feature of the concatenated heads"
+        )
+    return W_q.shape[1] // H, W_v.shape[1] // H
+
+
 def multi_head_attention_reference(
     X: Tensor,
     W_q: Tensor,
@@ -95,40 +125,27 @@ def multi_head_attention_reference(
     mask: Tensor | None = None,
     Z: Tensor | None = None,
 ) -> Tensor:
-    r"""Multi-head attention, concat form, book eq. ``eq-mh-concat`` (Vaswani et al. 2017; Bishop Alg. 2).
+    r"""Multi-head attention in the concat form, a loop over heads (Vaswani et al. 2017).
 
-    .. math:: \mathrm{head}_h = \operatorname{softmax}_\text{row}\!\Big(\frac{X W_q^{(h)}
-              (Z W_k^{(h)})^\top}{\sqrt{d_k}}\Big) Z W_v^{(h)}, \qquad
-              Y = [\mathrm{head}_1, \dots, \mathrm{head}_H]\, W_o
-
-    Written as a loop over heads so that it reads like the equation; ``Z = X`` is self-attention, another
-    sequence ``Z`` is cross-attention (book eq. ``eq-ed-cross``).
+    Implements: eq-mh-heads, eq-mh-concat
 
     Args:
-        X: queries' tokens ``(..., N, D)``; Z: keys' and values' tokens ``(..., M, D)`` (default ``X``).
-        W_q, W_k, W_v: ``(D, D)``; head ``h`` owns columns ``h*d_k:(h+1)*d_k``.
-        W_o: ``(D, D)``; head ``h`` owns rows ``h*d_k:(h+1)*d_k``.
-        H: number of heads; ``D`` must be divisible by ``H``.
-        mask: bool ``(N, M)`` or ``(..., N, M)``, shared by every head.
+        X: the queries' tokens ``(..., N, D)``; Z: the keys' and values' tokens ``(..., M, D)``
+            (default ``X``: self-attention; another sequence: cross-attention).
+        W_q, W_k: ``(D, H*d_k)``; W_v: ``(D, H*d_v)``; W_o: ``(H*d_v, D)`` (usually all ``D x D``).
+        H: number of heads. mask: bool ``(N, M)`` or ``(..., N, M)``, shared by every head.
 
     Returns:
         ``Y`` of shape ``(..., N, D)``.
     """
     Z = X if Z is None else Z
-    D = X.shape[-1]
-    _check_heads(D, H)
-    for name, W in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v), ("W_o", W_o)):
-        if W.shape != (D, D):
-            raise ValueError(f"{name} has shape {_shape(W)} but must be (D, D) = ({D}, {D})")
-    if Z.shape[-1] != D:
-        raise ValueError(f"X has D={D} features but Z has {Z.shape[-1]}; both must have width D")
-    d_k = D // H
+    d_k, d_v = _head_widths(X, Z, W_q, W_k, W_v, W_o, H)  # checks every shape
     heads = []
-    for h in range(H):
-        cols = slice(h * d_k, (h + 1) * d_k)
-        Q_h, K_h, V_h = X @ W_q[:, cols], Z @ W_k[:, cols], Z @ W_v[:, cols]  # (..., N|M, d_k)
-        heads.append(scaled_dot_product_attention_reference(Q_h, K_h, V_h, mask))  # (..., N, d_k)
-    return torch.cat(heads, dim=-1) @ W_o  # (..., N, H*d_k) @ (D, D) -> (..., N, D)
+    for h in range(H):  # head h (from 0) owns one block of columns of W_q, W_k and of W_v
+        qk, v = slice(h * d_k, (h + 1) * d_k), slice(h * d_v, (h + 1) * d_v)
+        Q_h, K_h, V_h = X @ W_q[:, qk], Z @ W_k[:, qk], Z @ W_v[:, v]  # (..., N|M, d_k|d_v)
+        heads.append(scaled_dot_product_attention_reference(Q_h, K_h, V_h, mask))  # (..., N, d_v)
+    return torch.cat(heads, dim=-1) @ W_o  # (..., N, H*d_v) @ (H*d_v, D) -> (..., N, D)
 
 
 def multi_head_attention(
@@ -139,7 +156,9 @@ def multi_head_attention(
     causal: bool = False,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    r"""Every head attends at once, book eq. ``eq-mh-heads``: the one function behind every layer.
+    r"""Every head attends at once: the one function behind every layer.
+
+    Implements: eq-mh-heads
 
     .. math:: \mathrm{head}_h = \operatorname{softmax}_\text{row}\!\Big(
               \frac{Q_h K_h^\top}{\sqrt{d_k}} + \log[\mathsf{mask}]\Big) V_h
@@ -228,7 +247,8 @@ class AttentionLayer(nn.Module):
 
     @property
     def weights(self) -> dict[str, Tensor]:
-        """``W_q, W_k, W_v, W_o`` as ``(D, D)`` matrices in the course's ``X @ W`` convention."""
+        """``W_q, W_k, W_v, W_o`` as ``(D, D)`` matrices in the course's ``X @ W`` convention
+        (``W_o`` is ``H d_v x D`` with ``d_v = D / H``)."""
         W_q, W_k, W_v = self.in_proj.weight.detach().split(self.d_model, dim=0)
         return {"W_q": W_q.T, "W_k": W_k.T, "W_v": W_v.T, "W_o": self.out_proj.weight.detach().T}
 
@@ -274,8 +294,10 @@ class AttentionLayer(nn.Module):
 
 
 class SelfAttention(AttentionLayer):
-    r"""Multi-head self-attention, book eq. ``eq-mh-concat`` with ``Z = X``. A causal layer combines
-    a given key mask with its causal mask by a logical *and* (book eq. ``eq-ed-decmask``).
+    r"""Multi-head self-attention: queries, keys and values from the same tokens. A causal layer
+    combines a given key mask with its causal mask by a logical *and* (book eq. ``eq-ed-decmask``).
+
+    Implements: eq-mh-concat
 
     ``forward(X (B, N, D), mask (N, N) | (B, N, N) | None) -> (B, N, D)``. Queries, keys and values
     all come from ``X`` through one fused matrix product; the heads attend in one call of

@@ -61,8 +61,11 @@ def _check_U(X_cols: Tensor, **U: Tensor) -> None:
 def turner_attention(
     X_cols: Tensor, U_q: Tensor, U_k: Tensor, scale: float | None = None
 ) -> Tensor:
-    r"""Turner's attention matrix, book eq. ``eq-turner-attention`` (Turner 2023, eq. 3 and 5; per head,
-    ``eq-mh-turner-A``; the corrected exponent of his eq. 3, ``eq-turner-eq3-fixed``).
+    r"""Turner's attention matrix, book eq. ``eq-turner-attention`` (Turner 2023, eq. 5; per head,
+    ``eq-mh-turner-A``). The exponent is :math:`\mathbf{k}_{n'}^\top\mathbf{q}_n`, the corrected form of
+    the one his eq. 3 prints (see *Where the sources differ*).
+
+    Implements: eq-turner-attention, eq-mh-turner-A
 
     .. math:: A_{n',n} = \frac{\exp\big(\mathbf{k}_{n'}^\top \mathbf{q}_n \, s\big)}
               {\sum_{n''=1}^{N} \exp\big(\mathbf{k}_{n''}^\top \mathbf{q}_n \, s\big)},\qquad
@@ -93,8 +96,11 @@ def turner_self_attention(
 
     .. math:: Y = U_v X A, \qquad \mathbf{y}_n = \sum_{n'} U_v \mathbf{x}_{n'} A_{n',n}
 
-    (Turner's eq. 2, :math:`Y = X A`, has no value map; this is his eq. 4 with ``H = 1`` and
-    ``V_1 = U_v``.)
+    Turner's eq. 2, :math:`Y = X A`, has no value map. When ``D_v = D`` this is his eq. 4 with ``H = 1``
+    and ``V_1 = U_v`` (his ``V_h`` are ``D x D``); for ``D_v < D`` it is his footnote 13's value map
+    :math:`U_{v,1}` without the output map :math:`U_1` that brings the width back to ``D``.
+
+    Implements: eq-turner-self-attention
 
     Args:
         X_cols: ``(D, N)``; U_q, U_k: ``(K, D)``; U_v: ``(D_v, D)``.
@@ -112,6 +118,8 @@ def turner_multi_head_self_attention(
 ) -> Tensor:
     r"""Turner's multi-head self-attention, book eq. ``eq-mh-turner`` (Turner 2023, eq. 4-6).
 
+    Implements: eq-mh-turner
+
     .. math:: Y = \sum_{h=1}^{H} V_h\, X A_h,\qquad
               [A_h]_{n',n} = \operatorname{softmax}_{n'}\big(\mathbf{k}_{h,n'}^\top \mathbf{q}_{h,n}\big)
 
@@ -119,15 +127,27 @@ def turner_multi_head_self_attention(
         X_cols: ``(D, N)``.
         U_q, U_k: ``(H, K, D)``: one query and one key map per head.
         V: ``(H, D, D)``: one output map per head (Turner's ``V_h``).
+
+    Raises:
+        ValueError: if the shapes are not ``(H, K, D)``, ``(H, K, D)`` and ``(H, D, D)``, e.g. a value
+            map ``(H, D_v, D)`` with ``D_v < D``, which is not Turner's ``V_h``.
         scale: default ``1/sqrt(K)`` (Turner absorbs it into ``U_q``).
 
     Returns:
         ``Y_cols`` of shape ``(D, N)``.
     """
-    if U_q.dim() != 3 or U_k.shape != U_q.shape or V.dim() != 3 or V.shape[0] != U_q.shape[0]:
+    D = X_cols.shape[0] if isinstance(X_cols, Tensor) and X_cols.dim() == 2 else None
+    if (
+        U_q.dim() != 3
+        or U_k.shape != U_q.shape
+        or V.dim() != 3
+        or V.shape[0] != U_q.shape[0]
+        or V.shape[1:] != (D, D)
+    ):
         raise ValueError(
-            f"expected U_q, U_k of shape (H, K, D) and V of shape (H, D, D), got "
-            f"{tuple(U_q.shape)}, {tuple(U_k.shape)}, {tuple(V.shape)}"
+            f"expected U_q, U_k of shape (H, K, D) and V of shape (H, D, D) (Turner's V_h map D to "
+            f"D) with D={D} from X_cols, got {tuple(U_q.shape)}, {tuple(U_k.shape)}, "
+            f"{tuple(V.shape)}"
         )
     return sum(
         V[h] @ X_cols @ turner_attention(X_cols, U_q[h], U_k[h], scale) for h in range(U_q.shape[0])
@@ -143,6 +163,8 @@ def low_rank_V(W_v: Tensor, W_o: Tensor, H: int) -> Tensor:
     (the same rows of ``W_o``). In Turner's column form that is :math:`V_h X A_h` with
 
     .. math:: V_h = \big(W_v^{(h)} W_o^{(h)}\big)^\top = U_h U_{v,h},\qquad \operatorname{rank} V_h \le K.
+
+    Implements: eq-mh-lowrank
 
     Returns:
         ``(H, D, D)``.

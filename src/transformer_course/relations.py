@@ -9,7 +9,7 @@ message-passing section of chapter *The transformer block*.
 Conventions: rows are tokens. A sequence ``X`` is ``(..., N, C_in)`` (a convolution's input channels are
 the token's features); PyTorch's convolution weights keep their own layout, ``(C_out, C_in, J)`` in 1-D
 and ``(C_out, C_in, J_h, J_w)`` in 2-D. Tap ``j`` of a 1-D kernel, ``F_j = weight[:, :, j].T``, is a
-``(C_in, C_out)`` matrix and reads the token ``delta = j - c`` places away, ``c = (J - 1) // 2`` (the
+``(C_in, C_out)`` matrix and reads the token ``delta = j - j_0`` places away, ``j_0 = (J - 1) // 2`` (the
 offsets of ``padding="same"``; no kernel flip: a cross-correlation, as in every deep-learning library).
 The shift matrix ``Lambda_delta`` ``(N, N)`` has ``Lambda[n, m] = 1`` where ``m = n + delta`` (zero padding:
 rows whose neighbour falls off the sequence are zero).
@@ -126,10 +126,10 @@ def shift_matrices(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    r"""The ``J`` shift matrices :math:`\Lambda_{j-c}` of a ``J``-tap convolution, book eq. ``eq-rel-shift``.
+    r"""The ``J`` shift matrices :math:`\Lambda_{j-j_0}` of a ``J``-tap convolution, book eq. ``eq-rel-shift``.
 
     .. math:: (\Lambda_\delta)_{nm} = \begin{cases} 1 & m = n + \delta \\ 0 & \text{otherwise,}
-              \end{cases} \qquad \delta = j - c,\quad c = \lfloor (J-1)/2 \rfloor
+              \end{cases} \qquad \delta = j - j_0,\quad j_0 = \lfloor (J-1)/2 \rfloor
 
     Matrix ``j`` is the attention matrix of the one-hot kernel ``e_j``, built by
     :func:`.attention.convolution_as_attention`, so it follows the same padding rules: with
@@ -147,6 +147,8 @@ def shift_matrices(
     Raises:
         ValueError: for ``J < 1``, ``N < 1``, an unknown padding, and the kernel lengths that
             :func:`.attention.convolution_as_attention` refuses.
+
+    Implements: eq-rel-shift
     """
     _check_size("J (taps)", J)
     eye = torch.eye(J, dtype=dtype or torch.get_default_dtype(), device=device)
@@ -180,6 +182,8 @@ def shift_matrices_2d(
 
     Raises:
         ValueError: as :func:`shift_matrices`, for each axis.
+
+    Implements: eq-rel-conv2d
     """
     rows = shift_matrices(H_px, J_h, padding, dtype, device)  # (J_h, H_px, H_px)
     cols = shift_matrices(W_px, J_w, padding, dtype, device)  # (J_w, W_px, W_px)
@@ -200,7 +204,7 @@ def conv1d_reference(
 ) -> Tensor:
     r"""A 1-D convolution layer written as its sum over taps, book eq. ``eq-rel-conv1d`` (loops).
 
-    .. math:: \mathbf{y}_n = \mathbf{b} + \sum_{j=0}^{J-1} F_j^\top\, \mathbf{x}_{n+j-c},
+    .. math:: \mathbf{y}_n = \mathbf{b} + \sum_{j=0}^{J-1} F_j^\top\, \mathbf{x}_{n+j-j_0},
               \qquad F_j = \texttt{weight[:, :, j]}^\top \in \mathbb{R}^{C_\text{in}\times C_\text{out}}
 
     This is ``F.conv1d`` with ``padding="same"`` (stride 1, no dilation, no groups) on the tokens'
@@ -235,14 +239,16 @@ def conv1d_as_attention(
 ) -> Tensor:
     r"""A 1-D convolution as ``J`` fixed attention matrices, book eq. ``eq-rel-conv1d``.
 
-    .. math:: Y = \sum_{j=0}^{J-1} \Lambda_{j-c}\, X F_j + \mathbf{1}_N \mathbf{b}^\top
+    .. math:: Y = \sum_{j=0}^{J-1} \Lambda_{j-j_0}\, X F_j + \mathbf{1}_N \mathbf{b}^\top
 
-    Each tap is a head whose weights are the one-hot shift matrix :math:`\Lambda_{j-c}` (see
+    Each tap is a head whose weights are the one-hot shift matrix :math:`\Lambda_{j-j_0}` (see
     :func:`shift_matrices`) and whose value-and-output map is :math:`F_j`. Same arguments, result and
     errors as :func:`conv1d_reference` (tested equal, and equal to ``F.conv1d``). With
     ``padding="circular"`` the layer commutes with the cyclic shift :math:`\Pi`,
-    :math:`f(\Pi X) = \Pi f(X)`, book eq. ``eq-rel-equivariance`` (tested), and with no other
+    :math:`f(\Pi X) = \Pi f(X)` (book eq. ``eq-rel-equivariance``, tested), and with no other
     permutation.
+
+    Implements: eq-rel-conv1d
     """
     _check_tokens(X)
     _check_conv(X, weight, bias, 1, padding)
@@ -256,8 +262,8 @@ def conv1d_attention_matrix(weight: Tensor, N: int, padding: str = "zeros") -> T
     r"""The attention matrix of every (output, input) channel pair of a 1-D convolution, book eq.
     ``eq-rel-conv-channels``.
 
-    .. math:: A^{(o,i)} = \sum_{j=0}^{J-1} k^{(o,i)}_j \Lambda_{j-c}, \qquad
-              A^{(o,i)}_{nm} = k^{(o,i)}_{m-n+c}, \qquad
+    .. math:: A^{(o,i)} = \sum_{j=0}^{J-1} k^{(o,i)}_j \Lambda_{j-j_0}, \qquad
+              A^{(o,i)}_{nm} = k^{(o,i)}_{m-n+j_0}, \qquad
               Y_{:,o} = b_o + \sum_i A^{(o,i)} X_{:,i}
 
     with :math:`k^{(o,i)} = \texttt{weight[o, i]}`: one Toeplitz matrix (chapter *Attention*, eq.
@@ -271,6 +277,8 @@ def conv1d_attention_matrix(weight: Tensor, N: int, padding: str = "zeros") -> T
 
     Raises:
         ValueError: for a weight that is not 3-D, and as :func:`shift_matrices`.
+
+    Implements: eq-rel-conv-channels
     """
     if not isinstance(weight, Tensor) or weight.dim() != 3 or not weight.is_floating_point():
         got = _shape(weight) if isinstance(weight, Tensor) else type(weight).__name__
@@ -286,12 +294,19 @@ def conv1d_flat_matrix(weight: Tensor, N: int, padding: str = "zeros") -> Tensor
     ``eq-rel-conv-kron``.
 
     .. math:: \mathrm{vec}(Y - \mathbf{1}_N\mathbf{b}^\top) = \Big(\sum_{j=0}^{J-1}
-              \Lambda_{j-c} \otimes F_j^\top\Big)\, \mathrm{vec}(X)
+              \Lambda_{j-j_0} \otimes F_j^\top\Big)\, \mathrm{vec}(X)
 
-    with ``vec`` stacking rows (``X.reshape(-1)``): block ``(n, m)`` is :math:`F_{m-n+c}^\top`, a
-    block-Toeplitz matrix. One attention head with fixed weights ``A`` is the single term
-    :math:`A \otimes W_v^\top` (chapter *The transformer block*), so a convolution needs
-    :math:`\min(J, C_\text{in} C_\text{out})` heads.
+    with ``vec`` stacking rows (``X.reshape(-1)``): block ``(n, m)`` is :math:`F_{m-n+j_0}^\top`, a
+    block-Toeplitz matrix. One attention head with fixed weights ``A`` and value-output map ``W`` is
+    the single term :math:`A \otimes W^\top` (chapter *The transformer block*), whose blocks are all
+    multiples of one matrix. So a layer of fixed heads needs at least as many heads as the rank of the
+    blocks, :math:`\min(J, C_\text{in} C_\text{out})` for a generic kernel: a lower bound for any
+    fixed matrices, signed or not. Softmax heads (non-negative rows summing to one) reach it with
+    ``J`` heads masked to one tap each (the book's construction); with
+    :math:`C_\text{in} C_\text{out} \ge J` that is exactly the bound, with fewer channel pairs the
+    bound is met by signed matrices that no softmax head computes.
+
+    Implements: eq-rel-conv-kron
 
     Returns:
         ``(N * C_out, N * C_in)``; raises as :func:`conv1d_attention_matrix`.
@@ -312,10 +327,10 @@ def conv2d_reference(
     r"""A 2-D convolution layer written as its sum over pixels and taps, book eq. ``eq-rel-conv2d``.
 
     .. math:: \mathbf{y}_{(i,j)} = \mathbf{b} + \sum_{p=0}^{J_h-1}\sum_{q=0}^{J_w-1}
-              F_{pq}^\top\, \mathbf{x}_{(i+p-c_h,\ j+q-c_w)}
+              F_{pq}^\top\, \mathbf{x}_{(i+p-p_0,\ j+q-q_0)}
 
     with :math:`F_{pq} = \texttt{weight[:, :, p, q]}^\top` and the centres
-    :math:`c_h = \lfloor (J_h-1)/2 \rfloor`, :math:`c_w = \lfloor (J_w-1)/2 \rfloor`: ``F.conv2d``
+    :math:`p_0 = \lfloor (J_h-1)/2 \rfloor`, :math:`q_0 = \lfloor (J_w-1)/2 \rfloor`: ``F.conv2d``
     with ``padding="same"``.
 
     Args:
@@ -351,12 +366,14 @@ def conv2d_as_attention(
     r"""A 2-D convolution as ``J_h J_w`` fixed attention matrices on the pixels, book eq.
     ``eq-rel-conv2d``.
 
-    .. math:: Y = \sum_{p,q} \Lambda_{p-c_h,\,q-c_w}\, X F_{pq} + \mathbf{1}_N \mathbf{b}^\top,
+    .. math:: Y = \sum_{p,q} \Lambda_{p-p_0,\,q-q_0}\, X F_{pq} + \mathbf{1}_N \mathbf{b}^\top,
               \qquad \Lambda_{\delta_1,\delta_2} = \Lambda^{(H_\text{px})}_{\delta_1} \otimes
               \Lambda^{(W_\text{px})}_{\delta_2}
 
     on the ``N = H_px W_px`` pixels as tokens (:func:`shift_matrices_2d`). Same arguments, result
     and errors as :func:`conv2d_reference` (tested equal, and equal to ``F.conv2d``).
+
+    Implements: eq-rel-conv2d
     """
     _check_tokens(X_img, "X_img", min_dim=3)
     _check_conv(X_img, weight, bias, 2, padding)
@@ -398,6 +415,8 @@ def relative_shift_attention(
 
     Raises:
         ValueError: for ``N < 1``, a non-integer ``delta`` or a negative ``alpha``.
+
+    Implements: eq-rel-quadratic
     """
     _check_size("N", N)
     if isinstance(delta, bool) or not isinstance(delta, int):
@@ -435,6 +454,8 @@ def tanh_rnn_reference(
 
     Raises:
         ValueError: when the weights do not fit ``X`` or each other.
+
+    Implements: eq-rel-rnn
     """
     _check_tokens(X)
     D = X.shape[-1]
@@ -464,6 +485,8 @@ class TanhRNN(nn.Module):
     ``forward(X (B, N, D) or (N, D)) -> states (B, N, D_s) or (N, D_s)``. :attr:`weights` gives
     ``W_x``, ``W_s``, ``b`` in the course's ``x @ W`` convention for :func:`tanh_rnn_reference`
     (tested equal). ``nn.RNN`` stores ``weight_ih (D_s, D) = W_x^T`` and two biases that it adds.
+
+    Implements: eq-rel-rnn
     """
 
     def __init__(self, d_in: int, d_state: int) -> None:
@@ -499,8 +522,8 @@ def rnn_state_jacobian(X: Tensor, W_x: Tensor, W_s: Tensor, b: Tensor) -> Tensor
     ``eq-rel-rnn-jacobian``.
 
     .. math:: \frac{\partial \mathbf{s}_N}{\partial \mathbf{x}_n} =
-              \Big(\prod_{k=N}^{n+1} \Theta_k W_\text{s}^\top\Big)\, \Theta_n W_\text{x}^\top,
-              \qquad \Theta_k = \operatorname{diag}\big(1 - \mathbf{s}_k^2\big)
+              \Big(\prod_{k=N}^{n+1} \mathcal{T}_k W_\text{s}^\top\Big)\, \mathcal{T}_n W_\text{x}^\top,
+              \qquad \mathcal{T}_k = \operatorname{diag}\big(1 - \mathbf{s}_k^2\big)
 
     (the product ordered from ``k = N`` on the left down to ``n + 1``). Every factor has norm at most
     :math:`\lVert W_\text{s}\rVert_2`, so the block is at most
@@ -515,6 +538,8 @@ def rnn_state_jacobian(X: Tensor, W_x: Tensor, W_s: Tensor, b: Tensor) -> Tensor
 
     Raises:
         ValueError: for a batched ``X`` (pass one sequence) and as :func:`tanh_rnn_reference`.
+
+    Implements: eq-rel-rnn-jacobian
     """
     if not isinstance(X, Tensor) or X.dim() != 2:
         got = _shape(X) if isinstance(X, Tensor) else type(X).__name__
@@ -525,14 +550,14 @@ def rnn_state_jacobian(X: Tensor, W_x: Tensor, W_s: Tensor, b: Tensor) -> Tensor
     G = torch.eye(D_s, dtype=X.dtype, device=X.device)  # d s_N / d s_k, from k = N down
     blocks = [None] * N
     for n in range(N - 1, -1, -1):
-        G_n = G * (1 - S[n] ** 2)  # (D_s, D_s): G Theta_n (scales the columns)
+        G_n = G * (1 - S[n] ** 2)  # (D_s, D_s): G T_n (scales the columns)
         blocks[n] = G_n @ W_x.T  # (D_s, D)
         G = G_n @ W_s.T  # one more step back
     return torch.stack(blocks)
 
 
 def output_jacobian(f: Callable[[Tensor], Tensor], X: Tensor, n: int = -1) -> Tensor:
-    r"""The blocks :math:`\mathcal{J}_{nm} = \partial \mathbf{y}_n / \partial \mathbf{x}_m` of a
+    r"""The blocks :math:`\partial \mathbf{y}_n / \partial \mathbf{x}_m` of a
     sequence map ``Y = f(X)`` for one output ``n`` and every input ``m``, by autograd.
 
     Args:
@@ -540,7 +565,7 @@ def output_jacobian(f: Callable[[Tensor], Tensor], X: Tensor, n: int = -1) -> Te
         X: ``(N, D)``; n: the output token (default: the last).
 
     Returns:
-        ``(N, D_out, D)``: block ``m`` is :math:`\mathcal{J}_{nm}`.
+        ``(N, D_out, D)``: block ``m`` is :math:`\partial \mathbf{y}_n / \partial \mathbf{x}_m`.
 
     Raises:
         ValueError: for a batched ``X`` or an ``f`` that does not return ``(N, D_out)``.
@@ -563,6 +588,8 @@ def influence(f: Callable[[Tensor], Tensor], X: Tensor, n: int = -1) -> Tensor:
 
     Returns ``(N,)``, entry ``m`` being :math:`\iota_{nm}`; arguments and errors as
     :func:`output_jacobian`.
+
+    Implements: eq-rel-influence
     """
     return output_jacobian(f, X, n).flatten(1).norm(dim=-1)
 
@@ -698,8 +725,9 @@ def linear_attention_parallel(
 
     (Katharopoulos et al. 2020): attention whose weights are the normalised rows of the masked
     matrix :math:`\psi(Q)\psi(K)^\top`, with no softmax. Causal: an ``(N, N)`` matrix, cost
-    :math:`O(N^2)`. With ``causal=False`` the sums run over all ``m`` and associativity,
-    :math:`\psi(Q)\,(\psi(K)^\top V)`, gives cost :math:`O(N)`.
+    :math:`O(N^2 (d_\psi + d_v))` (``2 N^2 (d_psi + d_v)`` FLOPs of matrix products). With
+    ``causal=False`` the sums run over all ``m`` and associativity, :math:`\psi(Q)\,(\psi(K)^\top V)`,
+    gives cost :math:`O(N d_\psi d_v)` (``4 N d_psi d_v + 2 N d_psi``), linear in ``N``.
 
     Args:
         Q, K: ``(..., N, d_k)``; V: ``(..., N, d_v)``.
@@ -711,6 +739,8 @@ def linear_attention_parallel(
 
     Raises:
         ValueError: when the shapes do not fit.
+
+    Implements: eq-rel-linear
     """
     _check_linear(Q, K, V)
     PQ, PK = feature_map(Q), feature_map(K)  # (..., N, r)
@@ -747,6 +777,8 @@ def linear_attention_step(
 
     Returns:
         ``(Gamma_t, zeta_t, y_t)`` with ``y_t`` of shape ``(..., d_v)``.
+
+    Implements: eq-rel-linear-rnn
     """
     pk, pq = feature_map(k), feature_map(q)  # (..., r)
     Gamma = Gamma + pk[..., :, None] @ v[..., None, :]  # (..., r, d_v): add the outer product
@@ -764,6 +796,8 @@ def linear_attention_recurrent(
 
     Same arguments, result and errors as :func:`linear_attention_parallel` with ``causal=True``
     (tested equal).
+
+    Implements: eq-rel-linear-rnn
     """
     _check_linear(Q, K, V)
     r = feature_map(K[..., :1, :]).shape[-1]
@@ -816,6 +850,8 @@ def adjacency_mask(edges: Tensor, N: int) -> Tensor:
 
     Raises:
         ValueError / TypeError: for a malformed edge list or a node index outside ``0..N-1``.
+
+    Implements: eq-rel-graph
     """
     edges = _check_edges(edges, N)
     mask = torch.zeros(N, N, dtype=torch.bool, device=edges.device)
@@ -834,10 +870,14 @@ def edges_of(mask: Tensor) -> Tensor:
 
 def window_edges(N: int, w: int, causal: bool = False) -> Tensor:
     r"""The graph of local (sliding-window) attention: an edge ``m -> n`` whenever
-    :math:`|n - m| \le w` (and :math:`m \le n` if ``causal``), self-loops included.
+    :math:`|n - m| \le w` (and :math:`m \le n` if ``causal``), self-loops included. Here ``w`` is the
+    reach, the tokens on each side; the book's window width is ``w + 1`` (book eq. ``eq-rel-window``
+    and chapter *Extensions*, whose width counts the token itself).
 
     Built offset by offset, never as an ``N x N`` matrix, so long sequences are cheap. The number of
-    edges is :func:`window_edge_count`, book eq. ``eq-rel-window``.
+    edges is :func:`window_edge_count`.
+
+    Implements: eq-rel-window
 
     Returns:
         ``(E, 2)`` long tensor of ``(m, n)`` rows.
@@ -853,10 +893,13 @@ def window_edges(N: int, w: int, causal: bool = False) -> Tensor:
 
 
 def window_edge_count(N: int, w: int, causal: bool = False) -> int:
-    r"""Edges of :func:`window_edges`, book eq. ``eq-rel-window``, with :math:`w' = \min(w, N-1)`:
+    r"""Edges of :func:`window_edges` for the reach ``w`` (book eq. ``eq-rel-window`` with the width
+    ``w + 1``), with :math:`w' = \min(w, N-1)`:
 
     .. math:: |\mathcal{E}| = N(2w'+1) - w'(w'+1) \quad\text{or, causal,}\quad
               N(w'+1) - \tfrac{1}{2} w'(w'+1)
+
+    Implements: eq-rel-window
     """
     _check_size("N", N)
     _check_size("w (window half-width)", w, least=0)
@@ -934,7 +977,10 @@ def graph_attention(X: Tensor, edges: Tensor, W_q: Tensor, W_k: Tensor, W_v: Ten
     r"""Dot-product graph attention as masked self-attention, book eq. ``eq-rel-graph``:
     :func:`.self_attention.single_head` with the mask :func:`adjacency_mask`. Cost :math:`O(N^2)`
     whatever the number of edges. Same arguments, result and errors as :func:`graph_attention_loop`
-    (tested equal); ``X`` may carry leading batch dimensions (one graph for all)."""
+    (tested equal); ``X`` may carry leading batch dimensions (one graph for all).
+
+    Implements: eq-rel-graph
+    """
     _check_graph_weights(X, W_q=W_q, W_k=W_k, W_v=W_v)
     return single_head(X, W_q, W_k, W_v, adjacency_mask(edges, X.shape[-2]))
 
@@ -945,7 +991,10 @@ def graph_attention_edges(
     r"""Dot-product graph attention computed on the edge list, book eq. ``eq-rel-graph``: one score per
     edge and a softmax grouped by target node, cost :math:`O(|\mathcal{E}|\,(d_k + d_v))` instead of
     :math:`O(N^2)`. Same arguments, result and errors as :func:`graph_attention_loop` (tested equal);
-    duplicate edges count once."""
+    duplicate edges count once.
+
+    Implements: eq-rel-graph
+    """
     _check_graph_weights(X, W_q=W_q, W_k=W_k, W_v=W_v)
     if X.dim() != 2:
         raise ValueError(f"X must be the features of one graph (N, D), got {_shape(X)}")
@@ -980,6 +1029,8 @@ def gat_scores(
 
     Returns:
         ``(..., N, N)``, row ``n`` the scores of the senders ``m`` for receiver ``n``.
+
+    Implements: eq-rel-gat
     """
     _check_graph_weights(X, W=W)
     for name, u in (("u_dst", u_dst), ("u_src", u_src)):
@@ -1005,6 +1056,8 @@ def gat_attention(
     the scores :func:`gat_scores` masked by :func:`adjacency_mask` (nodes with no in-neighbour get
     zeros). Arguments as :func:`gat_scores` plus ``edges (E, 2)``; returns ``(..., N, d_v)``; tested
     equal to :func:`gat_attention_loop`.
+
+    Implements: eq-rel-gat
     """
     e = gat_scores(X, W, u_dst, u_src, negative_slope)  # (..., N, N)
     mask = adjacency_mask(edges, X.shape[-2]).to(X.device)

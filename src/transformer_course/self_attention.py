@@ -29,6 +29,7 @@ __all__ = [
     "attend",
     "attention_weights",
     "causal_mask",
+    "key_padding_mask",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_reference",
     "single_head",
@@ -98,6 +99,34 @@ def causal_mask(N: int, M: int | None = None, device: torch.device | str | None 
     return torch.ones(N, M, dtype=torch.bool, device=device).tril(diagonal=M - N)
 
 
+def key_padding_mask(
+    lengths: Tensor | list[int], N: int, device: torch.device | str | None = None
+) -> Tensor:
+    """Boolean ``(B, N, N)`` mask for a batch padded to ``N`` tokens: ``True`` where key ``m`` is real.
+
+    Implements: eq-sa-padding
+
+    Sequence ``i`` of the batch has ``lengths[i]`` real tokens followed by placeholders, and
+    ``mask[i, n, m] = m < lengths[i]`` for every query ``n``: no query attends to a placeholder, so
+    the outputs on the real tokens are those of the sequence run on its own. Combine it with
+    :func:`causal_mask` by ``&`` for a decoder. The rows of padded queries are not all ``False``
+    (they attend to the real keys) and their outputs are simply discarded.
+
+    Raises:
+        ValueError: for a length below 1 or above ``N`` (a sequence with no real token would leave
+            its queries nothing to attend to).
+    """
+    lengths = torch.as_tensor(lengths, device=device)
+    if lengths.dim() != 1 or lengths.is_floating_point():
+        raise ValueError(f"lengths must be a 1-D list of ints, got {lengths.tolist()!r}")
+    if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > N):
+        raise ValueError(
+            f"every length must be between 1 and N={N} (the padded length), got {lengths.tolist()}"
+        )
+    real = torch.arange(N, device=lengths.device)[None, :] < lengths[:, None]  # (B, N) real keys
+    return real[:, None, :].expand(len(lengths), N, N)  # (B, N, N): the same for every query
+
+
 def _default_scale(Q: Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(Q.shape[-1]) if scale is None else float(scale)
 
@@ -107,6 +136,8 @@ def attention_weights(
 ) -> Tensor:
     r"""Attention weights :math:`A = \operatorname{softmax}_\text{row}(S)`, book eq. ``eq-self-attention``
     (with a mask, eq. ``eq-sa-masked``).
+
+    Implements: eq-sa-masked
 
     .. math:: S = \frac{Q K^\top}{\sqrt{d_k}}, \qquad
               A_{nm} = \frac{\exp S_{nm}}{\sum_{m'} \exp S_{nm'}}
@@ -145,6 +176,8 @@ def scaled_dot_product_attention_reference(
     r"""Scaled dot-product attention written as its equation, book eq. ``eq-sa-scaled``; with ``V = X`` it
     is the weighted average of eqs. ``eq-avg-output`` and ``eq-avg-matrix``.
 
+    Implements: eq-sa-scaled, eq-avg-output, eq-avg-matrix
+
     .. math:: \operatorname{Attention}(Q, K, V) = \operatorname{softmax}_\text{row}
               \left(\frac{Q K^\top}{\sqrt{d_k}}\right) V
 
@@ -175,6 +208,8 @@ def scaled_dot_product_attention(
 ) -> Tensor:
     r"""Efficient scaled dot-product attention, book eq. ``eq-sa-scaled``, via PyTorch's fused
     ``F.scaled_dot_product_attention``.
+
+    Implements: eq-sa-scaled, eq-sa-masked
 
     Same arguments, result and errors as :func:`scaled_dot_product_attention_reference` (tested equal to
     1e-10 in float64 and 1e-5 in float32). For a query whose mask row is all ``False``, PyTorch before
@@ -256,6 +291,8 @@ def single_head_reference(
     r"""Single-head scaled dot-product self-attention, book eq. ``eq-self-attention`` (Bishop Algorithm 1),
     with the projections of eqs. ``eq-row-projection`` and ``eq-sa-qkv``.
 
+    Implements: eq-self-attention, eq-row-projection, eq-sa-qkv
+
     .. math:: Q = X W_q,\quad K = X W_k,\quad V = X W_v,\qquad
               Y = \operatorname{softmax}_\text{row}\!\left(\frac{Q K^\top}{\sqrt{d_k}}\right) V
 
@@ -284,7 +321,10 @@ def single_head(
 ) -> Tensor:
     r"""Efficient single-head self-attention, book eq. ``eq-self-attention``; same contract as
     :func:`single_head_reference`, computed with one fused projection and
-    :func:`scaled_dot_product_attention`."""
+    :func:`scaled_dot_product_attention`.
+
+    Implements: eq-self-attention, eq-row-projection, eq-sa-qkv
+    """
     _check_weights(X, W_q=W_q, W_k=W_k, W_v=W_v)
     d_k = W_q.shape[1]
     QKV = X @ torch.cat([W_q, W_k, W_v], dim=1)  # (..., N, 2 d_k + d_v), one matmul

@@ -1,6 +1,6 @@
 """Data as tokens: characters, byte-pair encoding and image patches.
 
-Chapter: *Data as tokens* (Turner 2023, sec. 1; MIT 6.390, sec. 9.2; Bishop & Bishop 2024,
+Chapter: *Data as tokens* (Turner 2023, sec. 1; MIT 6.390, sec. 9.2; the notes on Bishop & Bishop 2024,
 sec. 2.3 and 2.5). A transformer never sees text or pixels, only a sequence of tokens. This module
 turns data into tokens three ways:
 
@@ -68,7 +68,7 @@ class CharTokenizer:
     Attributes:
         itos: list of the vocabulary's characters; ``itos[i]`` is the character with id ``i``.
         stoi: dict from character to id, the inverse of ``itos``.
-        vocab_size: number of distinct characters ``V``; ids run from ``0`` to ``V - 1``.
+        vocab_size: number of distinct characters ``|V|``; ids run from ``0`` to ``|V| - 1``.
 
     Raises:
         ValueError: if ``chars`` is empty, repeats a character or holds a string that is not exactly
@@ -198,6 +198,8 @@ def pair_counts(ids: Iterable[int] | Tensor) -> Counter[tuple[int, int]]:
 
     (eq. ``eq-tok-bpe-pair``; one step of BPE training, Sennrich et al. 2016). Pairs are counted at
     every position, so ``[1, 1, 1]`` holds ``(1, 1)`` twice. A list or a 1-D tensor of ids works.
+
+    Implements: eq-tok-bpe-pair
     """
     ids = _as_id_list(ids)
     return Counter(pairwise(ids))
@@ -398,6 +400,8 @@ def embedding_reference(ids: Tensor, E: Tensor) -> Tensor:
     (eq. ``eq-tok-onehot``.) Row ``n`` of ``O`` is the one-hot vector of token ``s_n``, so row ``n``
     of the product is row ``s_n`` of ``E``: see :func:`embedding`, which returns the same numbers.
 
+    Implements: eq-tok-onehot
+
     Args:
         ids: integer ids of any shape ``(...)``, each in ``0 .. vocab_size - 1``.
         E: ``(vocab_size, D)``, one row per vocabulary entry (the book's :math:`|\mathcal{V}|\times D`).
@@ -421,6 +425,8 @@ def embedding(ids: Tensor, E: Tensor) -> Tensor:
     ``torch.nn.Embedding`` calls); it equals :func:`embedding_reference` without building the
     ``(..., V)`` one-hot tensor.
 
+    Implements: eq-tok-onehot
+
     Raises:
         TypeError: if ``ids`` is not an integer tensor.
         ValueError: if ``E`` is not 2-D or an id is outside ``0 .. vocab_size - 1``.
@@ -441,8 +447,9 @@ def _check_patch_size(patch_size: int, name: str = "patch_size") -> int:
 
 
 def patchify(images: Tensor, patch_size: int, stride: int | None = None) -> Tensor:
-    r"""Cut images into ``P x P`` patches and flatten each, the ``vec`` of Turner fig. 2 (book eqs.
-    ``eq-tok-patch`` and ``eq-vit-patch``).
+    r"""Cut images into ``P x P`` patches and flatten each, the ``vec`` of Turner fig. 2: the rows
+    :math:`\mathbf{p}_n` of the book's :math:`X_\text{pix}` in eqs. ``eq-tok-patch`` and ``eq-vit-patch``
+    (:class:`PatchEmbedding` adds the linear map).
 
     .. math:: \text{row } n \text{ of the output} = \operatorname{vec}(\text{patch}_n)
               \in \mathbb{R}^{C P^2}
@@ -450,10 +457,11 @@ def patchify(images: Tensor, patch_size: int, stride: int | None = None) -> Tens
     Args:
         images: ``(B, C, H, W)``, ``H`` and ``W`` multiples of ``P``.
         patch_size: ``P``.
-        stride: ``S``, the step between patches; ``None`` means ``S = P`` (non-overlapping patches,
-            the ViT's). With ``S < P`` the patches overlap (book eq. ``eq-vit-overlap``): the image
-            is padded with ``(P - S) / 2`` zeros on every side and patch ``(i, j)`` starts at pixel
-            ``(S i, S j)`` of the padded image, so ``N = (H / S) * (W / S)`` as with ``P = S``.
+        stride: ``S``, the step between patches (the book's :math:`\Delta`); ``None`` means
+            ``S = P`` (non-overlapping patches, the ViT's). With ``S < P`` the patches overlap (book
+            eq. ``eq-vit-overlap``): the image is padded with ``(P - S) / 2`` zeros on every side and
+            patch ``(i, j)`` starts at pixel ``(S i, S j)`` of the padded image, so
+            ``N = (H / S) * (W / S)`` as with ``P = S``.
 
     Returns:
         ``(B, N, C*P*P)`` with ``N = (H/S) * (W/S)``. Patches are in row-major order (left to right
@@ -503,11 +511,14 @@ def _overlapping_patches(images: Tensor, P: int, S: int) -> Tensor:
 
 
 def patchify_1d(series: Tensor, window: int) -> Tensor:
-    """Cut sequences of vectors into non-overlapping windows and flatten each: 1-D patches.
+    r"""Cut sequences of vectors into non-overlapping windows and flatten each: 1-D patches.
 
-    The time-series analogue of :func:`patchify` (book eq. ``eq-tok-linear``): ``C`` channels
-    (the book's :math:`C_\text{in}`) over ``T`` time steps become ``N = T / P`` tokens, token ``n``
-    holding steps ``n P .. n P + P - 1`` of every channel; the window ``P`` is a one-dimensional patch.
+    The time-series analogue of :func:`patchify`: ``C`` channels (the book's :math:`C_\text{in}`)
+    over ``T`` time steps become ``N = T / P`` rows, row ``n`` holding steps ``n P .. n P + P - 1`` of
+    every channel; the window ``P`` is a one-dimensional patch. The rows are the
+    :math:`\mathbf{f}_n` of book eq. ``eq-tok-linear``, which an ``nn.Linear`` maps to tokens.
+
+    Implements: eq-tok-linear
 
     Args:
         series: ``(B, C, T)``, ``T`` a multiple of ``P``.
@@ -579,16 +590,19 @@ class PatchEmbedding(nn.Module):
     .. math:: \mathbf{x}_n = W \operatorname{vec}(\text{patch}_n) + \mathbf{b}, \qquad
               W \in \mathbb{R}^{d_\text{model} \times C P^2}
 
-    (Turner 2023, fig. 2; Dosovitskiy et al. 2021, eq. 1.) In row form for a batch:
-    ``X = patchify(images) @ W^T + b``, shape ``(B, N, d_model)``.
+    (Turner 2023, fig. 2; Dosovitskiy et al. 2021, eq. 1; the book's :math:`W_p`.) In row form for a
+    batch: ``X = patchify(images) @ W^T + b``, shape ``(B, N, d_model)``.
+
+    Implements: eq-tok-patch, eq-vit-patch, eq-vit-overlap
 
     Args:
         patch_size: ``P``.
         channels: ``C``, e.g. 3 for RGB.
         d_model: width of each token.
         bias: whether to add ``b``.
-        stride: ``S`` of :func:`patchify`; ``None`` (the ViT's choice) gives non-overlapping
-            patches, a smaller ``S`` overlapping ones (book eq. ``eq-vit-overlap``).
+        stride: ``S`` of :func:`patchify` (the book's :math:`\Delta`); ``None`` (the ViT's choice)
+            gives non-overlapping patches, a smaller ``S`` overlapping ones (book eq.
+            ``eq-vit-overlap``).
     """
 
     def __init__(

@@ -9,8 +9,9 @@ its recipes and the function that runs one, which the benchmarks and the book pa
 The same loop runs data-parallel under ``torchrun`` (chapter *Training*): when ``torch.distributed`` is
 initialised, :func:`train` wraps the model in ``DistributedDataParallel`` (or accepts one already
 wrapped), every rank draws the same **global** batch from the seeded generator and keeps its own
-contiguous share (:func:`shard`), DDP averages the gradients, and the loss it logs is the mean over all
-ranks. Single-process runs are untouched by this.
+contiguous share (:func:`shard`), each rank's loss is weighted by the share of the scored positions it
+holds (:func:`share_weight`: padding makes shares unequal), DDP averages the gradients, and the loss it
+logs is the global batch's mean. Single-process runs are untouched by this.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "lr_at",
     "make_optimizer",
     "shard",
+    "share_weight",
     "train",
 ]
 
@@ -97,7 +99,7 @@ class History:
     ``evals`` maps each quantity the ``evaluate`` function returns (``"val_loss"``,
     ``"test_accuracy"``, ...) to its values at the steps in ``eval_step``. ``grad_norm`` is the global
     gradient norm of every step *before* clipping (book eq. ``eq-train-clip``). Under
-    ``torch.distributed``, ``train_loss`` is the mean over the ranks, the loss of the global batch.
+    ``torch.distributed``, ``train_loss`` is the mean loss of the global batch, not of a rank's share.
     """
 
     step: list[int] = field(default_factory=list)
@@ -111,8 +113,10 @@ class History:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    r"""Learning rate of the loop's ``step`` (counted from 0), book eq. ``eq-train-schedule``: linear
-    warm-up to ``lr``, then cosine decay towards ``min_lr``.
+    r"""Learning rate of the loop's ``step`` (counted from 0): linear warm-up to ``lr``, then cosine
+    decay towards ``min_lr``.
+
+    Implements: eq-train-schedule
 
     With ``s = step + 1`` the update's number, ``s_w`` = ``warmup_steps`` and ``s_max`` = ``max_steps``:
 
@@ -132,10 +136,19 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW (Loshchilov & Hutter 2019) with weight decay on matrices only, not on biases or norms."""
+    """PyTorch's AdamW (Loshchilov & Hutter 2019) with ``cfg.lr``, ``cfg.betas`` and weight decay
+    ``cfg.weight_decay`` on every parameter tensor with two or more dimensions, none on the others.
+
+    Decayed: the weight matrices, and also the token embedding table, a learned position table, a
+    ViT's patch map and its class token ``(1, 1, D)``. Not decayed: biases and LayerNorm gains and
+    shifts (1-D). The rule is by shape alone: rows of a table that no batch uses (a position beyond
+    every window trained on, a character that never occurs) get no gradient, yet AdamW still shrinks
+    them by the factor ``1 - lr * weight_decay`` at every step, so they do not keep their
+    initialisation.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
+    decay = [p for p in params if p.dim() >= 2]  # matrices and tables
+    no_decay = [p for p in params if p.dim() < 2]  # biases, LayerNorm gains and shifts
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -156,8 +169,11 @@ def global_grad_norm(parameters) -> Tensor:
 
 def shard(batch: tuple, rank: int, world_size: int) -> tuple:
     """Rank ``rank``'s share of a global batch: its contiguous ``1 / world_size`` of every tensor whose
-    first dimension is the batch; other entries (a float, a 0-d tensor) are kept whole. Equal shares
-    make the mean of the ranks' gradients the gradient of the whole batch, book eq. ``eq-train-ddp``.
+    first dimension is the batch; other entries (a float, a 0-d tensor) are kept whole.
+
+    The shares hold equally many examples, which is not the same as equally many *scored positions*
+    when targets are padded; :func:`train` therefore weights each rank's loss by
+    :func:`share_weight` (book eq. ``eq-train-ddp``).
 
     Raises:
         ValueError: the global batch does not split evenly over the ranks, or two tensors of the batch
@@ -182,11 +198,74 @@ def shard(batch: tuple, rank: int, world_size: int) -> tuple:
     )
 
 
+def share_weight(n_share: int, n_total: int, world_size: int) -> float:
+    r"""The factor by which a rank multiplies the mean loss of its share of a global batch, so that
+    DDP's mean of the ranks' gradients is the gradient of the global batch's mean loss:
+
+    .. math:: w_r = n_\text{ranks}\,\frac{|\mathcal{P}_r|}{|\mathcal{P}|},\qquad
+              \frac{1}{n_\text{ranks}}\sum_{r} w_r\,\nabla_\theta\mathcal{L}_r
+              = \nabla_\theta\mathcal{L},
+
+    with :math:`|\mathcal{P}_r|` = ``n_share`` the positions rank ``r`` scores, :math:`|\mathcal{P}|`
+    = ``n_total`` those of every rank and :math:`n_\text{ranks}` = ``world_size``. Shares that score
+    equally many positions (full windows of equal number) get 1; the padded targets of a
+    sequence-to-sequence batch do not.
+
+    Implements: eq-train-ddp
+
+    Raises:
+        ValueError: a share that scores no position (its mean loss is undefined), or counts that
+            cannot be shares of ``n_total``.
+    """
+    if n_share <= 0 or n_total < n_share or world_size < 1:
+        raise ValueError(
+            f"a rank's share must score at least one position, and no more than the global batch: "
+            f"got {n_share} of {n_total} over {world_size} ranks"
+        )
+    return world_size * n_share / n_total
+
+
 def _distributed() -> tuple[int, int] | None:
     """``(rank, world_size)`` when ``torch.distributed`` is initialised, else ``None``."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return None
+
+
+def _global_mean(loss: Tensor, n_share: int, world_size: int) -> tuple[Tensor, Tensor]:
+    """Under DDP: (the rank's loss weighted by :func:`share_weight`, the global batch's mean loss)."""
+    count = torch.tensor([float(n_share)], device=loss.device)
+    counts = [torch.zeros_like(count) for _ in range(world_size)]
+    dist.all_gather(counts, count)  # every rank learns every share's number of scored positions
+    n = [int(c.item()) for c in counts]
+    if min(n) <= 0:  # the same verdict on every rank, so none waits for the others
+        raise ValueError(
+            f"scored positions per rank {n}: every share of the global batch must score at least "
+            "one position; use a larger global batch"
+        )
+    logged = loss.detach().to(torch.promote_types(loss.dtype, torch.float32), copy=True)
+    logged *= n_share / sum(n)
+    dist.all_reduce(logged)  # sum over r of L_r |P_r| / |P|: the mean over the global batch
+    return loss * share_weight(n_share, sum(n), world_size), logged
+
+
+def _diverged(step: int, lr: float, loss: Tensor, hist: History) -> FloatingPointError:
+    err = FloatingPointError(
+        f"the loss became {loss.item()} at step {step} (lr {lr:.2e}); lower the learning rate, warm "
+        "up for longer, or keep gradient clipping on"
+    )
+    err.history = hist  # type: ignore[attr-defined]  # the run up to here, for plots
+    return err
+
+
+def _out_of_time(cfg: TrainConfig, seconds: float, ranks: tuple[int, int] | None, device) -> bool:
+    """Whether the time budget is spent; under DDP the ranks decide together (any rank's clock)."""
+    out = cfg.time_budget_s is not None and seconds > cfg.time_budget_s
+    if ranks is not None and cfg.time_budget_s is not None:
+        flag = torch.tensor(float(out), device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        out = bool(flag.item())
+    return out
 
 
 def train(
@@ -196,108 +275,86 @@ def train(
     cfg: TrainConfig,
     evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
     progress: bool = True,
+    *,
+    scored: Callable[[tuple[Tensor, ...]], int | Tensor] | None = None,
 ) -> History:
-    """Train ``model`` in place and return its :class:`History`.
+    """Train ``model`` in place with AdamW, the learning rate of :func:`lr_at` and clipping by the
+    global norm; return its :class:`History`.
 
-    Args:
-        model: the model (or a ``DistributedDataParallel`` wrapping it).
-        next_batch: draws a batch (already on the model's device) using the given seeded generator.
-            Under ``torch.distributed`` this is the **global** batch: every rank draws the same one
-            (the generator is seeded alike) and trains on its own share (:func:`shard`).
-        loss_fn: ``loss_fn(model, batch)`` returns a scalar loss (the mean over the batch).
-        cfg: the :class:`TrainConfig`.
-        evaluate: called (in eval mode, without gradients) every ``cfg.eval_interval`` steps and at
-            the end; returns named figures, e.g. ``{"val_loss": 1.62}`` (kept in ``History.evals``).
-            Under ``torch.distributed`` every rank evaluates its (identical) replica.
-        progress: show a tqdm progress bar (on rank 0 only).
+    ``next_batch(generator)`` draws a batch on the model's device from the seeded generator;
+    ``loss_fn(model, batch)`` returns the mean loss over the batch's scored positions;
+    ``evaluate(model)``, called in eval mode without gradients every ``cfg.eval_interval`` steps and
+    at the end, returns named figures such as ``{"val_loss": 1.62}`` (``History.evals``).
+
+    Under ``torch.distributed`` the model is wrapped in ``DistributedDataParallel`` (unless it
+    already is), every rank draws the same global batch and trains on its :func:`shard`, and
+    ``scored(batch)``, the number of positions a share scores, weights each rank's loss by
+    :func:`share_weight` so that the averaged gradient is the global batch's (book eq.
+    ``eq-train-ddp``); the logged loss is the global batch's mean. A progress bar shows on rank 0.
 
     Raises:
-        FloatingPointError: the loss became NaN or infinite; the exception's ``history`` attribute
-            holds what was recorded up to that step.
-        ValueError: under ``torch.distributed``, a global batch that does not split evenly.
+        FloatingPointError: the loss became NaN or infinite; its ``history`` holds the run so far.
+        ValueError: under ``torch.distributed``, no ``scored``, a share without a scored position,
+            or a global batch that does not split evenly.
     """
-    ranks = _distributed()
+    ranks = _distributed()  # (rank, world size), or None in a single process
+    if ranks is not None and scored is None:
+        raise ValueError(
+            "under torch.distributed, pass scored=lambda batch: <number of scored positions> so "
+            "that shares with unequal numbers of scored positions (padding) are weighted right"
+        )
     module = model.module if isinstance(model, DistributedDataParallel) else model
     device = next(module.parameters()).device
     if ranks is not None and not isinstance(model, DistributedDataParallel):
         model = DistributedDataParallel(
             module, device_ids=[device] if device.type == "cuda" else None
         )
-    gen = torch.Generator().manual_seed(cfg.seed)
-    opt = make_optimizer(module, cfg)
-    hist = History()
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if device.type == "cuda"
-        else torch.autocast("cpu", enabled=False)
-    )
-    norms: list[Tensor] = []  # gradient norms not yet read back: no extra host sync per step
-
-    def flush_norms() -> None:
-        if norms:
-            hist.grad_norm.extend(torch.stack(norms).tolist())
-            norms.clear()
-
+    gen = torch.Generator().manual_seed(cfg.seed)  # the batches: the same on every rank
+    opt = make_optimizer(module, cfg)  # AdamW, eq. (eq-train-adamw)
+    bf16 = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    hist, norms = History(), []  # gradient norms are read back in groups: no host sync per step
     show = progress and (ranks is None or ranks[0] == 0)
-    bar = tqdm(range(cfg.max_steps), disable=not show, desc="training", leave=False)
+    bar = tqdm(range(cfg.max_steps), desc="training", disable=not show, leave=False)
     t0 = time.perf_counter()
     for step in bar:
-        lr = lr_at(step, cfg)
+        lr = lr_at(step, cfg)  # eq. (eq-train-schedule)
         for group in opt.param_groups:
             group["lr"] = lr
         model.train()
-        batch = next_batch(gen)
-        if ranks is not None:
-            batch = shard(batch, *ranks)
-        with autocast:
-            loss = loss_fn(model, batch)
+        batch = next_batch(gen) if ranks is None else shard(next_batch(gen), *ranks)
+        with bf16:
+            loss = loss_fn(model, batch)  # mean over the scored positions, eq. (eq-train-ce)
         logged = loss.detach()
-        if ranks is not None:  # the global batch's loss: the mean of the ranks' equal shares
-            logged = logged.to(torch.promote_types(logged.dtype, torch.float32), copy=True)
-            dist.all_reduce(logged)
-            logged /= ranks[1]
+        if ranks is not None:  # unequal shares weighted, eq. (eq-train-ddp)
+            loss, logged = _global_mean(loss, int(scored(batch)), ranks[1])
         if not torch.isfinite(logged):  # the same verdict on every rank, so all of them stop
             hist.seconds += time.perf_counter() - t0
-            flush_norms()
-            err = FloatingPointError(
-                f"the loss became {logged.item()} at step {step} (lr {lr:.2e}); lower the learning "
-                "rate, warm up for longer, or keep gradient clipping on"
-            )
-            err.history = hist  # type: ignore[attr-defined]  # the run up to here, for plots
-            raise err
+            hist.grad_norm += torch.stack(norms).tolist() if norms else []
+            raise _diverged(step, lr, logged, hist)
         opt.zero_grad(set_to_none=True)
         loss.backward()  # under DDP: gradients averaged over the ranks
-        if cfg.grad_clip is not None:
-            norm = nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)
-        else:
-            norm = global_grad_norm(module.parameters())
+        clip = cfg.grad_clip if cfg.grad_clip is not None else math.inf  # eq. (eq-train-clip)
+        norms.append(nn.utils.clip_grad_norm_(module.parameters(), clip).detach())
         opt.step()
         hist.step.append(step)
         hist.train_loss.append(logged.item())
         hist.lr.append(lr)
-        norms.append(norm.detach())
         hist.steps_done = step + 1
-        trained_s = hist.seconds + time.perf_counter() - t0  # evaluation time excluded
-        out_of_time = cfg.time_budget_s is not None and trained_s > cfg.time_budget_s
-        if ranks is not None and cfg.time_budget_s is not None:  # stop together: any rank's clock
-            flag = torch.tensor(float(out_of_time), device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            out_of_time = bool(flag.item())
+        out_of_time = _out_of_time(cfg, hist.seconds + time.perf_counter() - t0, ranks, device)
         last = step == cfg.max_steps - 1 or out_of_time
         if evaluate is not None and ((step + 1) % cfg.eval_interval == 0 or last):
             hist.seconds += time.perf_counter() - t0  # evaluation time is not training time
-            flush_norms()
+            hist.grad_norm += torch.stack(norms).tolist()
+            norms.clear()
             hist.eval_step.append(step + 1)
             with eval_mode(module):
                 figures = evaluate(module)
             for name, value in figures.items():
                 hist.evals.setdefault(name, []).append(float(value))
-            bar.set_postfix(
-                loss=f"{hist.train_loss[-1]:.3f}", **{k: f"{v:.3f}" for k, v in figures.items()}
-            )
+            bar.set_postfix(loss=hist.train_loss[-1], **{k: float(v) for k, v in figures.items()})
             t0 = time.perf_counter()
         if out_of_time:
             break
     hist.seconds += time.perf_counter() - t0
-    flush_norms()
+    hist.grad_norm += torch.stack(norms).tolist() if norms else []
     return hist

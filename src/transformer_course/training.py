@@ -43,6 +43,7 @@ from .train import TrainConfig, train
 __all__ = [
     "DEMO_TEXT",
     "INSTABILITY_RECIPE",
+    "NoiseScale",
     "PowerLaw",
     "adam_l2_step",
     "adamw_step",
@@ -54,6 +55,7 @@ __all__ = [
     "launch_ddp_demo",
     "logsumexp",
     "main",
+    "noise_scale_two_batch",
     "per_example_grads",
     "residual_stream_rms",
     "scaled_recipe",
@@ -73,6 +75,8 @@ def logsumexp(z: Tensor) -> Tensor:
     Every exponent is at most 0, so nothing overflows, and the largest term is exactly 1, so the sum
     never underflows to 0. ``z`` ``(..., K)`` -> ``(...)``.
 
+    Implements: eq-train-lse
+
     Raises:
         ValueError: ``z`` has no entries on its last axis.
     """
@@ -86,15 +90,17 @@ def logsumexp(z: Tensor) -> Tensor:
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int | None = None) -> Tensor:
-    r"""Mean cross-entropy of the targets under the softmax of the logits, book eqs. ``eq-train-ce``
-    and ``eq-train-lse``:
+    r"""Mean cross-entropy of the targets under the softmax of the logits, evaluated with
+    :func:`logsumexp`:
 
     .. math:: \mathcal{L} = \frac{1}{|\mathcal{P}|}\sum_{p \in \mathcal{P}}
               \Big(\log\sum_{k \in \mathcal{Y}} e^{z_{pk}} - z_{p y_p}\Big)
 
     over the scored positions :math:`\mathcal{P}` (every position, or those whose target is not
-    ``ignore_index``: the padding of a sequence-to-sequence batch). The package's own evaluation with
-    :func:`logsumexp`; ``torch.nn.functional.cross_entropy`` is the independent check.
+    ``ignore_index``: the padding of a sequence-to-sequence batch). The package's own evaluation;
+    ``torch.nn.functional.cross_entropy`` is the independent check.
+
+    Implements: eq-train-ce
 
     Args:
         logits: ``(..., |Y|)``, one score per class of the set ``Y`` (``|V|`` for a language model).
@@ -179,8 +185,7 @@ def adamw_step(
     weight_decay: float = 0.01,
     step: int = 1,
 ) -> None:
-    r"""One AdamW update of ``params`` in place, book eqs. ``eq-train-adam`` and ``eq-train-adamw``
-    (Kingma & Ba 2015; Loshchilov & Hutter 2019):
+    r"""One AdamW update of ``params`` in place (Kingma & Ba 2015; Loshchilov & Hutter 2019):
 
     .. math:: \mathbf{m}_s = \beta_1\mathbf{m}_{s-1} + (1-\beta_1)\mathbf{g}_s,\quad
               \mathbf{u}_s = \beta_2\mathbf{u}_{s-1} + (1-\beta_2)\mathbf{g}_s^2,\quad
@@ -190,8 +195,15 @@ def adamw_step(
               \theta_s = \theta_{s-1} - \eta_s\Big(\frac{\hat{\mathbf{m}}_s}{\sqrt{\hat{\mathbf{u}}_s}
               + \epsilon} + \lambda\,\theta_{s-1}\Big)
 
-    The decay :math:`\lambda\theta` is *decoupled*: it never enters the moments. Equals
-    ``torch.optim.AdamW`` (which multiplies the decay by the learning rate, as here).
+    The decay :math:`\lambda\theta` is *decoupled*: it never enters the moments. This is PyTorch's
+    parametrisation, and equals ``torch.optim.AdamW``: the decay is multiplied by the learning rate
+    :math:`\eta_s`. Loshchilov and Hutter (Algorithm 2) write
+    :math:`\theta_s = \theta_{s-1} - \rho_s(\alpha\,\hat{\mathbf{m}}_s/(\sqrt{\hat{\mathbf{u}}_s}
+    + \epsilon) + \lambda'\theta_{s-1})` with a base rate :math:`\alpha` and a schedule multiplier
+    :math:`\rho_s`, so their decay follows the schedule but not :math:`\alpha`: the two agree when
+    :math:`\eta_s = \alpha\rho_s` and :math:`\lambda' = \alpha\lambda`.
+
+    Implements: eq-train-adam, eq-train-adamw
 
     Args:
         params, grads: matching lists of tensors (any shapes).
@@ -220,11 +232,13 @@ def adam_l2_step(
     weight_decay: float = 0.01,
     step: int = 1,
 ) -> None:
-    r"""One Adam update with an L2 penalty in the gradient, book eq. ``eq-train-l2``:
+    r"""One Adam update with an L2 penalty in the gradient:
     :math:`\mathbf{g}_s \leftarrow \mathbf{g}_s + \lambda\theta_{s-1}`, then the Adam update of
     :func:`adamw_step` with :math:`\lambda = 0`. The penalty passes through the moments and is divided
     by :math:`\sqrt{\hat{\mathbf{u}}_s}` like the rest of the gradient. Equals ``torch.optim.Adam`` with
     ``weight_decay``. Arguments and errors as :func:`adamw_step`.
+
+    Implements: eq-train-adam, eq-train-l2
     """
     _check_lists(params, grads, step)
     ms, us = _moments(state, params)
@@ -237,7 +251,7 @@ def adam_l2_step(
 
 
 def clip_by_global_norm(grads: Sequence[Tensor], max_norm: float) -> tuple[list[Tensor], Tensor]:
-    r"""Clip gradients by their global norm, book eq. ``eq-train-clip``:
+    r"""Clip gradients by their global norm:
 
     .. math:: \lVert\mathbf{g}\rVert = \Big(\sum_{\vartheta}\lVert\mathbf{g}_\vartheta\rVert_2^2\Big)^{1/2},
 
@@ -246,9 +260,13 @@ def clip_by_global_norm(grads: Sequence[Tensor], max_norm: float) -> tuple[list[
 
     over the parameter tensors :math:`\vartheta` of :math:`\theta`, with :math:`\kappa` =
     ``max_norm``. One factor for every tensor, so the direction of the whole gradient is kept
-    (Pascanu et al. 2013). ``torch.nn.utils.clip_grad_norm_``, which the loop calls, divides by
-    :math:`\lVert\mathbf{g}\rVert + 10^{-6}` instead; the difference is below :math:`10^{-6}`
-    relative.
+    (Pascanu et al. 2013). ``torch.nn.utils.clip_grad_norm_``, which the loop calls, multiplies by
+    :math:`\kappa / (\lVert\mathbf{g}\rVert + 10^{-6})` instead: relative to this function's factor
+    that is smaller by :math:`10^{-6} / (\lVert\mathbf{g}\rVert + 10^{-6})`, which is below
+    :math:`10^{-6}/\kappa` whenever clipping acts (:math:`\lVert\mathbf{g}\rVert > \kappa`), so below
+    :math:`10^{-6}` for the loop's :math:`\kappa = 1`, but larger for a smaller threshold.
+
+    Implements: eq-train-clip
 
     Returns:
         the clipped gradients (new tensors; the inputs are not changed) and the norm before clipping.
@@ -270,10 +288,12 @@ def clip_by_global_norm(grads: Sequence[Tensor], max_norm: float) -> tuple[list[
 
 
 def residual_stream_rms(model: GPT, idx: Tensor) -> Tensor:
-    r"""Root mean square of the residual stream :math:`X^{(\ell)}` after each block of a GPT, book eq.
-    ``eq-train-resid``: entry ``ell`` is :math:`\big(\frac{1}{BND}\sum X^{(\ell)2}\big)^{1/2}` for
+    r"""Root mean square of the residual stream :math:`X^{(\ell)}` after each block of a GPT: entry
+    ``ell`` is :math:`\big(\frac{1}{BND}\sum X^{(\ell)2}\big)^{1/2}` for
     ``ell = 0`` (embeddings plus positions) to ``L`` (before the final LayerNorm). ``idx`` ``(B, N)``
     -> ``(L + 1,)``. Runs without gradients in the model's current mode.
+
+    Implements: eq-train-resid
     """
     with torch.no_grad():
         X = model.pos_emb(model.tok_emb(idx))  # X^(0), (B, N, D)
@@ -291,9 +311,9 @@ def residual_stream_rms(model: GPT, idx: Tensor) -> Tensor:
 def per_example_grads(
     model: nn.Module, loss_fn: Callable[[nn.Module, tuple], Tensor], examples: Sequence[tuple]
 ) -> Tensor:
-    """The gradient of ``loss_fn(model, example)`` for each example, flattened: ``(n_ex, P)`` with ``P``
-    the number of parameters (each tied tensor once). One backward pass per example; gradients of
-    the model are left as they were found."""
+    """The gradient of ``loss_fn(model, example)`` for each example, flattened: ``(n_ex, |theta|)``
+    with ``|theta|`` the number of parameters (each tied tensor once). One backward pass per example;
+    gradients of the model are left as they were found."""
     params = [p for p in model.parameters() if p.requires_grad]
     rows = []
     for example in examples:
@@ -309,29 +329,73 @@ def per_example_grads(
     return torch.stack(rows)  # (n_ex, P)
 
 
-def gradient_noise_scale(G: Tensor) -> float:
-    r"""McCandlish et al.'s simple noise scale of per-example gradients ``G`` ``(n_ex, P)``, book eq.
-    ``eq-train-noise``:
+@dataclass(frozen=True)
+class NoiseScale:
+    r"""Estimates of McCandlish et al.'s gradient noise: :math:`\operatorname{tr}\Sigma`, the squared
+    length :math:`\lVert\bar{\mathbf{g}}\rVert^2` of the true mean gradient, and their ratio
+    :math:`B_\text{simple}` (``inf`` when the estimate of :math:`\lVert\bar{\mathbf{g}}\rVert^2` is
+    not positive: the noise swamps the gradient at these sample sizes)."""
 
-    .. math:: B_\text{simple} = \frac{\operatorname{tr}\Sigma}{\lVert\bar{\mathbf{g}}\rVert^2},\qquad
-              \bar{\mathbf{g}} = \frac{1}{n_\text{ex}}\sum_e \mathbf{g}_e,\quad
-              \operatorname{tr}\Sigma = \frac{1}{n_\text{ex}}\sum_e
-              \lVert\mathbf{g}_e - \bar{\mathbf{g}}\rVert^2
+    B_simple: float
+    tr_sigma: float
+    g_sq: float
 
-    the batch size at which the noise of a mini-batch gradient, :math:`\operatorname{tr}\Sigma / B`,
-    equals the squared size of the mean gradient.
+
+def noise_scale_two_batch(
+    sq_small: float, sq_big: float, B_small: float, B_big: float
+) -> NoiseScale:
+    r"""McCandlish et al.'s (2018, app. A.1) unbiased estimates from the squared norms of gradients
+    measured at two batch sizes. Since :math:`\mathbb{E}\lVert\hat{\mathbf{g}}_B\rVert^2 =
+    \lVert\bar{\mathbf{g}}\rVert^2 + \operatorname{tr}\Sigma / B`,
+
+    .. math:: \widehat{\lVert\bar{\mathbf{g}}\rVert^2}
+              = \frac{B_\text{big}\lVert\hat{\mathbf{g}}_\text{big}\rVert^2
+              - B_\text{small}\lVert\hat{\mathbf{g}}_\text{small}\rVert^2}{B_\text{big} - B_\text{small}},
+              \qquad
+              \widehat{\operatorname{tr}\Sigma} = \frac{\lVert\hat{\mathbf{g}}_\text{small}\rVert^2
+              - \lVert\hat{\mathbf{g}}_\text{big}\rVert^2}{1/B_\text{small} - 1/B_\text{big}},
+
+    and :math:`B_\text{simple} \approx \widehat{\operatorname{tr}\Sigma} /
+    \widehat{\lVert\bar{\mathbf{g}}\rVert^2}`. ``sq_small`` and ``sq_big`` should each be averaged
+    over several batches before the ratio is taken (the ratio of unbiased estimates is not unbiased).
+
+    Implements: eq-train-noise-est
+
+    Raises:
+        ValueError: ``B_small`` not below ``B_big``, or a batch size below 1.
+    """
+    if not 1 <= B_small < B_big:
+        raise ValueError(f"need 1 <= B_small < B_big, got B_small={B_small}, B_big={B_big}")
+    g_sq = (B_big * sq_big - B_small * sq_small) / (B_big - B_small)
+    tr_sigma = (sq_small - sq_big) / (1 / B_small - 1 / B_big)
+    return NoiseScale(tr_sigma / g_sq if g_sq > 0 else float("inf"), float(tr_sigma), float(g_sq))
+
+
+def gradient_noise_scale(G: Tensor) -> NoiseScale:
+    r"""The simple noise scale :math:`B_\text{simple} = \operatorname{tr}\Sigma /
+    \lVert\bar{\mathbf{g}}\rVert^2` of McCandlish et al. (2018), estimated from per-example
+    gradients ``G`` ``(n_ex, |theta|)`` drawn independently from the data.
+
+    The plug-in ratio (the examples' covariance over the squared length of their mean) is biased:
+    :math:`\mathbb{E}\lVert\frac{1}{n}\sum_e \mathbf{g}_e\rVert^2 = \lVert\bar{\mathbf{g}}\rVert^2 +
+    \operatorname{tr}\Sigma / n`, so with few examples it underestimates :math:`B_\text{simple}`,
+    badly once :math:`B_\text{simple}` approaches ``n_ex``. This uses :func:`noise_scale_two_batch`
+    with batches of one example (the mean of :math:`\lVert\mathbf{g}_e\rVert^2`) and of all
+    ``n_ex`` (the squared length of their mean).
+
+    Implements: eq-train-noise
 
     Raises:
         ValueError: fewer than two examples.
     """
     if G.dim() != 2 or G.shape[0] < 2:
         raise ValueError(
-            f"need per-example gradients (n_ex, P) with n_ex >= 2, got {tuple(G.shape)}"
+            f"need per-example gradients (n_ex, |theta|) with n_ex >= 2, got {tuple(G.shape)}"
         )
     G = G.double()
-    g_bar = G.mean(dim=0)  # (P,)
-    tr_sigma = (G - g_bar).pow(2).sum(dim=1).mean()
-    return float(tr_sigma / g_bar.pow(2).sum())
+    sq_small = float(G.pow(2).sum(dim=1).mean())  # batches of one example
+    sq_big = float(G.mean(dim=0).pow(2).sum())  # the batch of all n_ex
+    return noise_scale_two_batch(sq_small, sq_big, 1, G.shape[0])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -340,7 +404,11 @@ def gradient_noise_scale(G: Tensor) -> float:
 
 @dataclass(frozen=True)
 class PowerLaw:
-    r"""``loss(x) = a x^(-alpha) + c``, book eq. ``eq-train-power`` (Kaplan et al. 2020)."""
+    r"""``loss(x) = a x^(-alpha) + c`` (Kaplan et al. 2020; Hoffmann et al. 2022): ``c`` is the
+    book's :math:`\mathcal{L}_\infty`, the loss the fit approaches for large ``x``.
+
+    Implements: eq-train-power
+    """
 
     a: float
     alpha: float
@@ -352,8 +420,9 @@ class PowerLaw:
 
 
 def fit_power_law(x: Sequence[float], loss: Sequence[float]) -> PowerLaw:
-    r"""Least-squares fit of :math:`\mathcal{L}(x) = a\,x^{-\alpha} + c` to measured losses, book eq.
-    ``eq-train-power``; ``x`` is a model size :math:`|\theta|` (or a compute budget).
+    r"""Least-squares fit of :math:`\mathcal{L}(x) = a\,x^{-\alpha} + c` (``c`` the book's
+    :math:`\mathcal{L}_\infty`) to measured losses; ``x`` is a model size :math:`|\theta|` (or a
+    compute budget).
 
     Minimises :math:`\sum_i (\mathcal{L}(x_i) - \mathcal{L}_i)^2` over :math:`(\log a, \alpha, c)`
     with SciPy's trust-region least squares (:math:`0 \le \alpha \le 10`: a loss that does not fall
@@ -395,7 +464,7 @@ def fit_power_law(x: Sequence[float], loss: Sequence[float]) -> PowerLaw:
 
 
 def scaling_analysis(runs: Sequence[dict]) -> dict:
-    r"""Fit eq. ``eq-train-power`` to the runs of a scaling study (``bench/scaling.py``), per budget.
+    r"""Fit :class:`PowerLaw` to the runs of a scaling study (``bench/scaling.py``), per budget.
 
     Each run is a dict with ``"steps"`` (its budget), ``"params"`` (:math:`|\theta|`) and
     ``"val_loss"``. Returns ``{"fits": {steps: {"a", "alpha", "c", "rms_residual"}}, "held_out":
@@ -533,6 +602,7 @@ def ddp_demo(steps: int = 20, batch_size: int = 16, dtype: str = "float32", seed
         cfg,
         evaluate,
         progress=False,
+        scored=lambda batch: batch[1].numel(),  # full windows: every target is scored
     )
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     identical, max_diff = True, 0.0

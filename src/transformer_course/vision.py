@@ -38,10 +38,12 @@ __all__ = [
     "ViT",
     "ViTConfig",
     "ablated",
+    "class_token_attention",
     "mcnemar",
     "mixup",
     "position_similarity",
     "shifted_probabilities",
+    "smoothed_cross_entropy",
     "train_digits",
 ]
 
@@ -96,20 +98,19 @@ class ViTConfig:
 
 
 class ViT(nn.Module):
-    r"""A vision transformer, book eq. ``eq-vit`` (Dosovitskiy et al. 2021; Turner 2023 sec. 4.2).
+    r"""A vision transformer (Dosovitskiy et al. 2021; Turner 2023 sec. 4.2): patch tokens, learned
+    positions, ``L`` pre-norm blocks with a final LayerNorm, a class token or the mean, a linear head.
 
-    .. math:: X^{(0)} = [\mathbf{x}_\text{cls}; X_\text{pix} W_p^\top] + R,\qquad
-              \text{logits} = \mathrm{LN}(X^{(L)})_\text{cls}\, W_\text{head}^\top
+    Implements: eq-vit, eq-vit-mean
 
-    with ``X_pix`` the flattened patches ``(N, C_in P^2)``, ``R`` the learned positions ``(1 + N, D)``
-    and ``L`` blocks (with ``pool="mean"`` the average over patch tokens replaces the class token's
-    row, eq. ``eq-vit-mean``, and ``R`` has ``N`` rows). ``forward(images (B, C_in, H_px, W_px)) ->
-    logits (B, n_classes)``.
+    With ``pool="cls"`` the class token's row of :math:`\mathrm{LN}(X^{(L)})` is classified and the
+    position table ``R`` has ``1 + N`` rows; with ``pool="mean"`` the mean of the patch rows, and ``R``
+    has ``N`` rows. ``forward(images (B, C_in, H_px, W_px)) -> logits (B, n_classes)``.
 
-    Initialisation: every linear and embedding weight is drawn from N(0, 0.02^2) with zero biases
-    (:func:`.language_models.gpt2_init`), the class token starts at zero, and with
-    ``patch_init="lecun"`` the patch map is redrawn at LeCun's scale. Unlike :class:`.GPT`, the
-    residual projections (``out_proj``, ``fc2``) are **not** scaled down by ``1/sqrt(2L)``.
+    Initialisation: GPT-2's N(0, 0.02^2) for every linear and embedding weight, zero biases
+    (:func:`.language_models.gpt2_init`), a zero class token; ``patch_init="lecun"`` redraws the
+    patch map at LeCun's scale. Unlike :class:`.GPT`, the residual projections (``out_proj``,
+    ``fc2``) are **not** scaled down by ``1/sqrt(2L)``.
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -128,8 +129,13 @@ class ViT(nn.Module):
             nn.init.normal_(self.patch.proj.weight, std=self.patch.proj.in_features**-0.5)
 
     def tokens(self, images: Tensor) -> Tensor:
-        """``X^(0)``: patch embeddings (with the class token first) plus learned positions, book eq.
-        ``eq-vit-pos``."""
+        """``X^(0)``: the patch embeddings (the class token first, if any) plus the learned positions.
+
+        Implements: eq-vit-pos
+
+        Raises:
+            ValueError: images of another shape than ``(B, C_in, image_size, image_size)``.
+        """
         c = self.config
         if images.dim() != 4 or images.shape[1:] != (c.channels, c.image_size, c.image_size):
             raise ValueError(
@@ -142,13 +148,79 @@ class ViT(nn.Module):
         return self.drop(self.pos(X))
 
     def forward(self, images: Tensor) -> Tensor:
-        X = self.stack(self.tokens(images))  # (B, 1 + N | N, D), final LayerNorm included
-        pooled = X[:, 0] if self.cls is not None else X.mean(dim=1)  # (B, D)
-        return self.head(pooled)  # (B, n_classes)
+        X = self.stack(self.tokens(images))  # LN(X^(L)), eq. (eq-vit): (B, 1 + N | N, D)
+        pooled = X[:, 0] if self.cls is not None else X.mean(dim=1)  # or eq. (eq-vit-mean), (B, D)
+        return self.head(pooled)  # logits z, (B, n_classes)
+
+
+def class_token_attention(model: ViT, images: Tensor) -> Tensor:
+    r"""How much the class token attends to each patch in every block, averaged over the heads:
+    :math:`\bar a^{(\ell)}_n = \frac{1}{H}\sum_h A^{(\ell,h)}_{0n}`, an ``(B, L, N)`` tensor.
+
+    Implements: eq-vit-attn
+
+    Forward hooks record each block's normalised input (the model is not changed) and the layer's
+    :meth:`.multihead.SelfAttention.attention_map` recomputes its weights, which the fused attention
+    kernel never forms. The weight the class token keeps on itself (column 0) is left out, so a row
+    sums to less than one.
+
+    Raises:
+        ValueError: a model without a class token (``pool="mean"``).
+    """
+    if model.cls is None:
+        raise ValueError("class_token_attention needs a model with a class token (pool='cls')")
+    inputs: list[Tensor] = []
+    hooks = [
+        block.attn.register_forward_hook(lambda mod, args, out: inputs.append(args[0]))
+        for block in model.stack.blocks
+    ]
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    rows = [
+        block.attn.attention_map(X_norm)[:, :, 0, 1:].mean(dim=1)  # (B, N): query 0, patch keys
+        for block, X_norm in zip(model.stack.blocks, inputs, strict=True)
+    ]
+    return torch.stack(rows, dim=1)  # (B, L, N)
 
 
 # ---------------------------------------------------------------------------------------------------
 # The recipe for scikit-learn's digits
+
+
+def smoothed_cross_entropy(logits: Tensor, targets: Tensor, smoothing: float) -> Tensor:
+    r"""Cross-entropy against label-smoothed targets, the loss of :data:`DIGITS_RECIPE` (Szegedy et
+    al. 2016): the target puts :math:`1 - \varepsilon` on the true class and spreads
+    :math:`\varepsilon` evenly over **all** :math:`|\mathcal{Y}|` classes, the true one included,
+
+    .. math:: q_k = (1 - \varepsilon)\,[k = y] + \frac{\varepsilon}{|\mathcal{Y}|},\qquad
+              \mathcal{L} = -\sum_{k \in \mathcal{Y}} q_k \log \operatorname{softmax}(\mathbf{z})_k,
+
+    averaged over the batch. ``smoothing`` 0 is the plain cross-entropy. The same as PyTorch's
+    ``F.cross_entropy(logits, targets, label_smoothing=smoothing)``.
+
+    Implements: eq-vit-smooth
+
+    Args:
+        logits: ``(B, |Y|)``; targets: ``(B,)`` class ids; smoothing: :math:`\varepsilon`.
+
+    Raises:
+        ValueError: ``smoothing`` outside ``[0, 1)``, or shapes that do not match.
+    """
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing (epsilon) must lie in [0, 1), got {smoothing}")
+    if logits.dim() != 2 or targets.shape != logits.shape[:1]:
+        raise ValueError(
+            f"logits must be (B, |Y|) and targets (B,), got {tuple(logits.shape)} and "
+            f"{tuple(targets.shape)}"
+        )
+    n_classes = logits.shape[-1]
+    q = torch.full_like(logits, smoothing / n_classes)  # eps / |Y| on every class, (B, |Y|)
+    q.scatter_add_(-1, targets[:, None], torch.full_like(logits[:, :1], 1.0 - smoothing))
+    return -(q * logits.log_softmax(dim=-1)).sum(dim=-1).mean()  # eq. (eq-vit-smooth)
 
 
 def mixup(
@@ -284,10 +356,10 @@ def train_digits(
     def loss_fn(m: ViT, batch) -> Tensor:  # mixup: the loss is blended like the images
         images, y_a, y_b, lam = batch
         logits = m(images)
-        loss = F.cross_entropy(logits, y_a, label_smoothing=smoothing)
+        loss = smoothed_cross_entropy(logits, y_a, smoothing)
         if lam == 1.0:
             return loss
-        return lam * loss + (1 - lam) * F.cross_entropy(logits, y_b, label_smoothing=smoothing)
+        return lam * loss + (1 - lam) * smoothed_cross_entropy(logits, y_b, smoothing)
 
     def accuracy(m: ViT, shifts: bool) -> float:
         probs = shifted_probabilities(m, X_test) if shifts else m(X_test)
@@ -304,9 +376,12 @@ def train_digits(
 
 
 def position_similarity(R: Tensor) -> Tensor:
-    r"""Cosine similarity of every pair of rows of ``R (N, D)``, an ``(N, N)`` matrix, book eq.
-    ``eq-vit-possim``: :math:`\operatorname{sim}(n, m) = \mathbf{r}_n^\top \mathbf{r}_m /
-    (\lVert \mathbf{r}_n \rVert \lVert \mathbf{r}_m \rVert)`."""
+    r"""Cosine similarity of every pair of rows of ``R (N, D)``, an ``(N, N)`` matrix:
+    :math:`\operatorname{sim}(n, m) = \mathbf{r}_n^\top \mathbf{r}_m /
+    (\lVert \mathbf{r}_n \rVert \lVert \mathbf{r}_m \rVert)`.
+
+    Implements: eq-vit-possim
+    """
     if R.dim() != 2:
         raise ValueError(f"R must be (N, D), one position per row; got shape {tuple(R.shape)}")
     unit = R / R.norm(dim=-1, keepdim=True)  # (N, D)
@@ -314,9 +389,12 @@ def position_similarity(R: Tensor) -> Tensor:
 
 
 def mcnemar(hits_a: Tensor, hits_b: Tensor) -> tuple[float, int, int]:
-    """Exact two-sided McNemar test of two classifiers on the same test set, book eq.
-    ``eq-vit-mcnemar``: ``(p, n01, n10)`` with ``n01`` the items only ``a`` got right and ``n10`` those
-    only ``b`` got right; ``hits_a`` and ``hits_b`` are bool tensors of one entry per test item."""
+    """Exact two-sided McNemar test of two classifiers on the same test set: ``(p, n01, n10)``
+    with ``n01`` the items only ``a`` got right and ``n10`` those only ``b`` got right;
+    ``hits_a`` and ``hits_b`` are bool tensors of one entry per test item.
+
+    Implements: eq-vit-mcnemar
+    """
     if hits_a.shape != hits_b.shape or hits_a.dtype != torch.bool or hits_b.dtype != torch.bool:
         raise ValueError(
             "hits_a and hits_b must be bool tensors of the same shape (one entry per test item), got "

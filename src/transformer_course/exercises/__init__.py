@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 import textwrap
 import traceback
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+from ..checks import Mistake  # one record of a typical wrong answer, shared with the book's checks
 
 __all__ = [
     "Exercise",
@@ -58,15 +61,6 @@ class Feedback:
         return f"{icon} {self.exercise}: {self.message}"
 
     __repr__ = __str__
-
-
-@dataclass(frozen=True)
-class Mistake:
-    """A typical wrong answer: ``why`` it is wrong (the feedback the learner reads) and ``wrong``, a
-    function that makes the mistake. When an answer equals ``wrong``'s output, ``why`` is the verdict."""
-
-    why: str
-    wrong: Callable[..., Any]
 
 
 def randn(gen: torch.Generator, *shape: int) -> Tensor:
@@ -245,7 +239,7 @@ def check(name: str, answer: Callable[..., Any] | None) -> Feedback:
 def solution(name: str) -> str:
     """Return (and print) the source of the reference solution of exercise ``name``."""
     src = textwrap.dedent(inspect.getsource(_get(name).solution))
-    src = src[src.index("\ndef ") + 1 :]  # drop the @exercise(...) decorator
+    src = src[re.search(r"^(def|class) ", src, flags=re.M).start() :]  # drop any @exercise(...)
     print(src)
     return src
 

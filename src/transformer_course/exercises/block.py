@@ -209,15 +209,15 @@ def _kron_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
 @exercise(
     name="block.flattened_linear",
     prompt=(
-        "W is (D_in, D_out) and N an int. Return the (N*D_out, N*D_in) matrix M such that "
-        "M @ X.reshape(-1) equals (X @ W).reshape(-1) for every X of shape (N, D_in) "
+        "W is (D_in, D_out) and N an int. Return the (N*D_out, N*D_in) matrix W_flat such that "
+        "W_flat @ X.reshape(-1) equals (X @ W).reshape(-1) for every X of shape (N, D_in) "
         "(reshape(-1) stacks the rows: token 1's features, then token 2's, ...)."
     ),
     make_inputs=_kron_inputs,
     mistakes=[
         Mistake(
             "the diagonal blocks must be W^T, not W: row n of X W is W^T x_n as a column vector, so "
-            "M = kron(I_N, W.T).",
+            "W_flat = kron(I_N, W.T).",
             lambda W, N: torch.kron(torch.eye(N, dtype=W.dtype), W),
         ),
         Mistake(

@@ -1,5 +1,6 @@
 """Exercises of the *Encoder-decoder* lab: shifted targets for teacher forcing, the key padding mask,
-cross-attention from scratch, and the decoder's causal + padding mask.
+cross-attention from scratch, the decoder's causal + padding mask, and a whole encoder-decoder
+assembled from the package's blocks (``encoder_decoder.seq2seq``).
 
 Chapter: *Encoder-decoder* (Dramko 2025 sec. 5.1-5.2; Turner 2023 sec. 4.3; Vaswani et al. 2017).
 Token ids follow :class:`transformer_course.data.DateTask`: ``0`` is padding, ``1`` is BOS, ``2`` is
@@ -9,19 +10,36 @@ The checker reports a wrong answer by subtracting it from the reference, which b
 support, so the two mask exercises register a view of their solution that returns the mask as 0/1
 float64 (:func:`_compared_as_float`); a learner may return a bool or a 0/1 tensor. The bool solution
 itself is ``key_padding_mask.__wrapped__`` (and is what ``tc.exercises.solution`` prints).
+
+The assembly exercise's answer is a class, ``Seq2Seq(config)``, built from the package's embedding,
+position, :class:`~transformer_course.block.TransformerStack` and
+:class:`~transformer_course.encoder_decoder.Decoder` classes under fixed submodule names. Its checker
+(:class:`AssemblyExercise`) builds the package's ``Seq2Seq`` with the same config and seeded weights
+(:func:`package_seq2seq`), loads them into the learner's model by name, and compares the logits in
+float64 on fixed batches of padded dates. Each typical wrong assembly (:data:`SEQ2SEQ_MISTAKES`) is a
+wrong model built from the same weights; when none explains the difference, :func:`locate_seq2seq`
+follows both models with forward hooks and names the first part that receives something different.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
+from ..block import LayerNorm, PreNormBlock, TransformerStack
 from ..data import DateTask
-from . import Mistake, exercise
+from ..encoder_decoder import Decoder, Seq2SeqConfig
+from ..encoder_decoder import Seq2Seq as PackageSeq2Seq
+from ..position import LearnedPositionalEmbedding
+from . import _REGISTRY, Exercise, Mistake, exercise, randn
 
 PAD, BOS, EOS = DateTask.PAD, DateTask.BOS, DateTask.EOS
 
@@ -288,3 +306,534 @@ def causal_padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     causal = torch.ones(N, N, dtype=torch.bool, device=tokens.device).tril()  # (N, N): m <= n
     keep = tokens != pad_id  # (B, N): real tokens
     return causal & keep[:, None, :]  # (B, N, N): both conditions, key axis last
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. Assemble the encoder-decoder from the package's blocks (the chapter's model equation; Vaswani et
+#    al. 2017 sec. 3; Dramko 2025 sec. 5.1)
+
+
+class Seq2Seq(nn.Module):
+    """An encoder-decoder assembled from the package's blocks (D = config.d_model, H = config.H).
+
+    Submodules (the checker loads the package's weights into them by these names):
+        src_emb = nn.Embedding(config.src_vocab, D)                      E_src
+        tgt_emb = nn.Embedding(config.tgt_vocab, D)                      E_tgt
+        src_pos = LearnedPositionalEmbedding(config.src_len, D)          R_src
+        tgt_pos = LearnedPositionalEmbedding(config.tgt_len, D)          R_tgt
+        encoder = TransformerStack(PreNormBlock, config.n_encoder_layers, D, H, activation="gelu")
+        decoder = Decoder(config.n_decoder_layers, D, H, activation="gelu")
+        head = nn.Linear(D, config.tgt_vocab, bias=False)                W_vocab
+    Padding is token config.pad_id.
+    forward(src (B, M), tgt (B, N + 1)) -> logits (B, N, config.tgt_vocab):
+        tgt is [BOS, y_1, ..., EOS] as task.tensors returns it; the decoder reads tgt[:, :-1], and
+        row n of the logits scores the next token, tgt[:, n + 1].
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        c, D = config, config.d_model
+        self.pad_id = c.pad_id
+        self.src_emb = nn.Embedding(c.src_vocab, D)  # E_src
+        self.tgt_emb = nn.Embedding(c.tgt_vocab, D)  # E_tgt
+        self.src_pos = LearnedPositionalEmbedding(c.src_len, D)  # R_src
+        self.tgt_pos = LearnedPositionalEmbedding(c.tgt_len, D)  # R_tgt
+        self.encoder = TransformerStack(
+            PreNormBlock, c.n_encoder_layers, D, c.H, activation="gelu"
+        )  # no causal mask: the source is known in full
+        self.decoder = Decoder(c.n_decoder_layers, D, c.H, activation="gelu")  # causal inside
+        self.head = nn.Linear(D, c.tgt_vocab, bias=False)  # W_vocab, not tied to E_tgt
+
+    def forward(self, src, tgt):
+        keep = src != self.pad_id  # (B, M): True at real source tokens
+        M, N = src.shape[1], tgt.shape[1] - 1
+        mask_enc = keep[:, None, :].expand(-1, M, -1)  # (B, M, M): no query reads a padded key
+        memory = self.encoder(self.src_pos(self.src_emb(src)), mask_enc)  # X_mem: (B, M, D)
+        tgt_in = tgt[:, :-1]  # (B, N): the target shifted right, BOS first (teacher forcing)
+        X = self.tgt_pos(self.tgt_emb(tgt_in))  # X^(0) = E_tgt[y_in] + R_tgt: (B, N, D)
+        memory_kv = self.decoder.memory_kv(memory)  # every block's keys and values of X_mem
+        mask_cross = keep[:, None, :].expand(-1, N, -1)  # (B, N, M): the same padded keys hidden
+        X = self.decoder(X, memory_kv, mask_cross)  # LN(X^(L_d)): (B, N, D)
+        return self.head(X)  # (B, N, tgt_vocab)
+
+
+class _Assembly(Seq2Seq):
+    """Wrong assemblies: the reference's parameters, one class attribute per mistake."""
+
+    reads = "shifted"  # the decoder's input: "shifted" tgt[:, :-1], "answers" tgt[:, 1:], "all" tgt
+    cross_reads = "memory"  # what cross-attention reads: "memory", "decoder" or "source" (embedded)
+    encoder_mask = True
+    cross_mask = True
+    source_positions = True
+    target_positions = True
+    target_table = "tgt"  # "src": the target looked up in the source's table
+    final_norm = True
+    causal_encoder = False
+    activation = "gelu"
+
+    def __init__(self, config):
+        super().__init__(config)
+        for block in self.encoder.blocks:
+            block.attn.causal = self.causal_encoder
+        if self.activation != "gelu":
+            for block in [*self.encoder.blocks, *self.decoder.blocks]:
+                block.mlp.act = F.relu
+
+    def forward(self, src, tgt):
+        keep = src != self.pad_id
+        M = src.shape[1]
+        tgt_in = {"shifted": tgt[:, :-1], "answers": tgt[:, 1:], "all": tgt}[self.reads]
+        N = tgt_in.shape[1]
+        S = self.src_emb(src)
+        S = self.src_pos(S) if self.source_positions else S
+        memory = self.encoder(S, keep[:, None, :].expand(-1, M, -1) if self.encoder_mask else None)
+        X = (self.tgt_emb if self.target_table == "tgt" else self.src_emb)(tgt_in)
+        X = self.tgt_pos(X) if self.target_positions else X
+        read = {"memory": memory, "decoder": X, "source": S}[self.cross_reads]
+        mask = keep[:, None, :].expand(-1, N, -1)
+        if not self.cross_mask or self.cross_reads == "decoder":
+            mask = None  # (reading the decoder stream, the source's mask no longer fits)
+        for block, kv in zip(self.decoder.blocks, self.decoder.memory_kv(read), strict=True):
+            X = block(X, kv, mask)
+        return self.head(self.decoder.final_norm(X) if self.final_norm else X)
+
+
+def _wrong(name: str, **attrs) -> type:
+    """A subclass of :class:`_Assembly` with some attributes changed: one typical mistake."""
+    return type(name, (_Assembly,), attrs)
+
+
+SEQ2SEQ_MISTAKES = [
+    Mistake(
+        "the decoder reads the very tokens it must predict (tgt[:, 1:]): with teacher forcing the "
+        "decoder's input is the target shifted right behind BOS, tgt_in = tgt[:, :-1], and row n is "
+        "scored against tgt[:, n + 1].",
+        _wrong("NotShifted", reads="answers"),
+    ),
+    Mistake(
+        "the decoder reads the whole target, BOS to the last token, so you return one row too many: "
+        "it reads tgt_in = tgt[:, :-1] (the last token is never an input, only a target) and returns "
+        "(B, N, |V|) logits for N = tgt.shape[1] - 1.",
+        _wrong("WholeTarget", reads="all"),
+    ),
+    Mistake(
+        "cross-attention reads the decoder's own stream (its keys and values come from the target), "
+        "so the model never sees the source: compute them from the encoder's output, "
+        "self.decoder.memory_kv(memory).",
+        _wrong("CrossReadsDecoder", cross_reads="decoder"),
+    ),
+    Mistake(
+        "cross-attention reads the encoder's input (the embedded source) instead of its output: "
+        "memory = self.encoder(...) is what every decoder block attends to, "
+        "self.decoder.memory_kv(memory).",
+        _wrong("CrossReadsEncoderInput", cross_reads="source"),
+    ),
+    Mistake(
+        "cross-attention is given no mask, so every target position also reads the padded source "
+        "tokens: pass the source's key mask to the decoder, keep[:, None, :].expand(-1, N, -1) "
+        "with keep = src != pad_id (shape (B, N, M)).",
+        _wrong("NoCrossMask", cross_mask=False),
+    ),
+    Mistake(
+        "the encoder's self-attention is given no mask, so real source tokens read the padding: "
+        "pass keep[:, None, :].expand(-1, M, -1) (shape (B, M, M), keep = src != pad_id) to "
+        "self.encoder.",
+        _wrong("NoEncoderMask", encoder_mask=False),
+    ),
+    Mistake(
+        "positions are added to the source only: the target needs its own positions too, "
+        "X = self.tgt_pos(self.tgt_emb(tgt_in)).",
+        _wrong("SourcePositionsOnly", target_positions=False),
+    ),
+    Mistake(
+        "positions are added to the target only: without self.src_pos the encoder sees the source "
+        "as a set of characters (the order of '07/08' and '08/07' is lost).",
+        _wrong("TargetPositionsOnly", source_positions=False),
+    ),
+    Mistake(
+        "the target is looked up in the source's table (self.src_emb); the decoder's tokens have "
+        "their own table, self.tgt_emb.",
+        _wrong("TargetInSourceTable", target_table="src"),
+    ),
+    Mistake(
+        "the decoder's final LayerNorm is missing: looping over self.decoder.blocks yourself skips "
+        "self.decoder.final_norm, which Decoder.forward applies before the head (a pre-norm stream "
+        "is never normalised otherwise). Call self.decoder(X, memory_kv, mask), or apply it.",
+        _wrong("NoFinalNorm", final_norm=False),
+    ),
+    Mistake(
+        "your encoder is causal (TransformerStack(..., causal=True), as in a GPT): the source is "
+        "known in full, so each source token may read every real source token, before and after.",
+        _wrong("CausalEncoder", causal_encoder=True),
+    ),
+    Mistake(
+        "the MLPs use ReLU, the blocks' default: the package's Seq2Seq builds its encoder and decoder "
+        "with activation='gelu' (pass it to TransformerStack and to Decoder).",
+        _wrong("ReLU", activation="relu"),
+    ),
+]
+
+
+@lru_cache(maxsize=1)
+def _date_task() -> DateTask:
+    return DateTask()
+
+
+def _seq2seq_cases() -> list[tuple[Seq2SeqConfig, Tensor, Tensor]]:
+    """``(config, src, tgt)``: a batch of dates for two model sizes. In the first, every source is
+    padded; the second crops the sources to the longest (one row has no padding), has two blocks on
+    each side, and a source vocabulary larger than the target's (so swapped sizes do not load)."""
+    task = _date_task()
+    V = task.vocab_size
+    src, tgt = task.tensors(task.sample(4, seed=11))
+    src3, tgt3 = task.tensors(task.sample(3, seed=12))
+    width = int((src3 != PAD).sum(dim=1).max())
+    return [
+        (Seq2SeqConfig(V, V, task.src_len, task.tgt_len, d_model=16, H=2, n_encoder_layers=1,
+                       n_decoder_layers=1), src, tgt),
+        (Seq2SeqConfig(V + 8, V, task.src_len, task.tgt_len, d_model=24, H=4, n_encoder_layers=2,
+                       n_decoder_layers=2), src3[:, :width], tgt3),
+    ]  # fmt: skip
+
+
+def package_seq2seq(config: Seq2SeqConfig, seed: int = 0) -> PackageSeq2Seq:
+    """The package's :class:`~transformer_course.encoder_decoder.Seq2Seq` for ``config``, float64, in
+    evaluation mode, with seeded weights of order one (the checker's weights): matrices N(0, 1/fan_in),
+    embedding and position tables N(0, 1), LayerNorm gains 1 + N(0, 0.2^2), biases N(0, 0.2^2), so
+    every attention weight and every part of the model matters to the logits."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # the default initialisation is overwritten below
+        model = PackageSeq2Seq(config).double().eval().requires_grad_(False)
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):  # token tables; a position table holds one too
+            module.weight.copy_(randn(gen, *module.weight.shape))
+        elif isinstance(module, LayerNorm):
+            module.weight.copy_(1 + 0.2 * randn(gen, *module.weight.shape))
+            module.bias.copy_(0.2 * randn(gen, *module.bias.shape))
+        elif isinstance(module, nn.Linear):  # nn.Linear stores (out, in)
+            module.weight.copy_(randn(gen, *module.weight.shape) / math.sqrt(module.in_features))
+            if module.bias is not None:
+                module.bias.copy_(0.2 * randn(gen, *module.bias.shape))
+    return model
+
+
+class _Verdict(Exception):
+    """What is wrong with an answer, found before its logits are compared."""
+
+
+_PARTS = "src_emb, tgt_emb, src_pos, tgt_pos, encoder, decoder and head"
+
+
+def _names(names: list[str], most: int = 6) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _name_verdict(missing: list[str], extra: list[str]) -> str:
+    """Why the parameters' names do not fit the package's, as specifically as can be said."""
+    if extra == ["head.bias"] and not missing:
+        return "your head has a bias; the package's has none: nn.Linear(D, tgt_vocab, bias=False)."
+    if missing and all(n.startswith("encoder.final_norm.") for n in missing) and not extra:
+        return (
+            "your encoder has no final LayerNorm: a TransformerStack of PreNormBlock ends with one "
+            "(a stack of PostNormBlock does not); build the encoder from PreNormBlock."
+        )
+    said = [f"it has no parameter {_names(missing)}"] if missing else []
+    said += [f"it has parameters the package's model does not: {_names(extra)}"] if extra else []
+    return (
+        f"your model's parameters do not have the lab's names ({'; '.join(said)}). The checker loads "
+        f"the package's weights by name: build exactly the submodules {_PARTS} of the docstring, "
+        "from the package's classes, with config's sizes (n_encoder_layers, n_decoder_layers, ...)."
+    )
+
+
+def _build(answer, package: PackageSeq2Seq) -> nn.Module:
+    """``answer(config)`` in float64 and evaluation mode with ``package``'s weights loaded by name."""
+    module = answer(package.config)
+    if not isinstance(module, nn.Module):
+        raise _Verdict(
+            f"Seq2Seq(config) built a {type(module).__name__}, not an nn.Module: subclass nn.Module "
+            "and call super().__init__() first."
+        )
+    state = package.state_dict()
+    own = dict(module.named_parameters())
+    missing = [k for k in state if k not in own]
+    extra = [k for k in own if k not in state]
+    if missing or extra:
+        raise _Verdict(_name_verdict(missing, extra))
+    for k, t in state.items():
+        if own[k].shape != t.shape:
+            raise _Verdict(
+                f"`{k}` has shape {tuple(own[k].shape)} but the package's is {tuple(t.shape)}: "
+                "take every size from config (src_vocab for the source, tgt_vocab for the target "
+                "and the head, src_len and tgt_len for the position tables, d_model, H)."
+            )
+    module = module.double().eval()
+    module.load_state_dict(state, strict=False)  # every parameter is in state; buffers are kept
+    return module
+
+
+def _logits(answer, package: PackageSeq2Seq, src: Tensor, tgt: Tensor) -> Tensor:
+    """The logits of the model that ``answer`` builds, with ``package``'s weights."""
+    module = _build(answer, package)
+    with torch.no_grad():
+        out = module(src.clone(), tgt.clone())
+    if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+        raise _Verdict(
+            f"your forward returned a tuple of {len(out)}; return the logits alone, a tensor of "
+            "shape (B, N, tgt_vocab) (the package's Seq2Seq also returns a loss; this one does not)."
+        )
+    return out
+
+
+# What each part of the model is handed, recorded by hooks: (where, argument position, name).
+_TAPS = {
+    "enc_in": ("encoder.blocks.0", 0, "X"),
+    "enc_mask": ("encoder.blocks.0", 1, "mask"),
+    "memory": ("encoder", None, None),  # the encoder's output, when it is called as a whole
+    "dec_in": ("decoder.blocks.0", 0, "X"),
+    "memory_kv": ("decoder.blocks.0.cross_attn", 1, "memory_kv"),
+    "cross_mask": ("decoder.blocks.0.cross_attn", 2, "mask"),
+    "dec_out": ("decoder.blocks.-1", None, None),  # the last decoder block's output
+    "head_in": ("head", 0, "input"),
+}
+
+
+def _trace(module: nn.Module, src: Tensor, tgt_in: Tensor | None, tgt: Tensor | None) -> dict:
+    """What ``module``'s parts receive on one forward pass (``module(src, tgt_in)`` for the package's
+    model, ``module(src, tgt)`` for the learner's): the first call of each part only."""
+    seen: dict = {}
+    hooks = []
+
+    def part(path: str) -> nn.Module:
+        *head, last = path.split(".")
+        owner = module.get_submodule(".".join(head)) if head else module
+        return owner[int(last)] if last.lstrip("-").isdigit() else getattr(owner, last)
+
+    def record(key: str, pos: int | None, name: str | None):
+        def pre(mod, args, kwargs):
+            if key not in seen:
+                seen[key] = args[pos] if len(args) > pos else kwargs.get(name)
+
+        def post(mod, args, output):
+            seen.setdefault(key, output)
+
+        return pre, post
+
+    try:
+        for key, (path, pos, name) in _TAPS.items():
+            pre, post = record(key, pos, name)
+            if pos is None:
+                hooks.append(part(path).register_forward_hook(post))
+            else:
+                hooks.append(part(path).register_forward_pre_hook(pre, with_kwargs=True))
+        with torch.no_grad():
+            module(src, tgt_in) if tgt is None else module(src, tgt)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def _agree(a, b, shape: tuple | None = None) -> bool:
+    """Tensors (or pairs of tensors) equal within the checker's tolerance; a mask given as None or
+    broadcastable is compared as the full bool mask of ``shape``."""
+    if shape is not None:
+        a, b = (
+            torch.ones(shape, dtype=torch.bool)
+            if m is None
+            else torch.as_tensor(m).bool().expand(shape)
+            for m in (a, b)
+        )
+        return torch.equal(a, b)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_agree(x, y) for x, y in zip(a, b, strict=True))
+    return (
+        isinstance(a, Tensor)
+        and isinstance(b, Tensor)
+        and a.shape == b.shape
+        and torch.allclose(a.double(), b.double(), atol=1e-10, rtol=1e-8)
+    )
+
+
+def locate_seq2seq(answer, package: PackageSeq2Seq, src: Tensor, tgt: Tensor) -> str | None:
+    """Where the learner's model first departs from the package's: the first part whose input
+    differs, found with forward hooks on both models (None when it cannot say)."""
+    try:
+        mine = _trace(_build(answer, package), src, None, tgt)
+    except Exception:  # the learner's own classes, or a forward that raises
+        return None
+    ref = _trace(package, src, tgt[:, :-1], None)
+    B, M = src.shape
+    N = tgt.shape[1] - 1
+    if "enc_in" not in mine:
+        return "your forward never runs the encoder's blocks: memory = self.encoder(X, mask)."
+    if not _agree(mine["enc_in"], ref["enc_in"]):
+        return (
+            "the encoder's input differs from E_src[x] + R_src: each source token enters as its row "
+            "of self.src_emb plus its position's row of self.src_pos."
+        )
+    try:
+        if not _agree(mine["enc_mask"], ref["enc_mask"], (B, M, M)):
+            return (
+                "the encoder's self-attention mask differs from mask_enc: query n may read key m "
+                "exactly when source token m is real, keep[:, None, :].expand(-1, M, -1) with "
+                "keep = src != pad_id, and no causal part."
+            )
+    except RuntimeError:
+        return f"the encoder's mask cannot be broadcast to (B, M, M) = {(B, M, M)}."
+    if "dec_in" not in mine:
+        return "your forward never runs the decoder's blocks: self.decoder(X, memory_kv, mask)."
+    if not _agree(mine["dec_in"], ref["dec_in"]):
+        return (
+            "the decoder's input differs from E_tgt[y_in] + R_tgt with y_in = tgt[:, :-1] (the "
+            "target shifted right, BOS first): self.tgt_pos(self.tgt_emb(tgt[:, :-1]))."
+        )
+    if not _agree(mine.get("memory_kv"), ref["memory_kv"]):
+        if "memory" in mine and not _agree(mine["memory"], ref["memory"]):
+            return (
+                "the encoder's output differs although its input and mask are right: build it as "
+                "TransformerStack(PreNormBlock, n_encoder_layers, D, H, activation='gelu'), "
+                "not causal."
+            )
+        return (
+            "cross-attention's keys and values are not those of the memory X_mem: compute them from "
+            "the encoder's output (after its final LayerNorm), self.decoder.memory_kv(memory)."
+        )
+    try:
+        if not _agree(mine["cross_mask"], ref["cross_mask"], (B, N, M)):
+            return (
+                "cross-attention's mask differs from mask_cross: target position n may read source "
+                "token m exactly when it is real, keep[:, None, :].expand(-1, N, -1)."
+            )
+    except RuntimeError:
+        return f"the cross-attention mask cannot be broadcast to (B, N, M) = {(B, N, M)}."
+    if not _agree(mine.get("dec_out"), ref["dec_out"]):
+        return (
+            "the decoder blocks' output differs although their inputs, the memory's keys and values "
+            "and the masks are right: build the decoder as Decoder(n_decoder_layers, D, H, "
+            "activation='gelu')."
+        )
+    if not _agree(mine.get("head_in"), ref["head_in"]):
+        return (
+            "the head's input differs from LN(X^(L_d)), the decoder's output after its final "
+            "LayerNorm (self.decoder.final_norm, which Decoder.forward applies)."
+        )
+    return None
+
+
+def _describe(config: Seq2SeqConfig, src: Tensor, tgt: Tensor) -> str:
+    return (
+        f"[case: src (B, M) = {tuple(src.shape)}, tgt (B, N + 1) = {tuple(tgt.shape)}, "
+        f"D = {config.d_model}, H = {config.H}, L_e = {config.n_encoder_layers}, "
+        f"L_d = {config.n_decoder_layers}]"
+    )
+
+
+@dataclass
+class AssemblyExercise(Exercise):
+    """An exercise whose answer is a model class: ``answer(config)`` must build an ``nn.Module`` with
+    the package's parameter names; the checker loads the weights of :func:`package_seq2seq` into it
+    and compares its logits on fixed batches of dates (:func:`_seq2seq_cases`) with the package's
+    ``Seq2Seq``. A difference is explained by the first :class:`Mistake` (a wrong model, built from the
+    same weights) whose logits equal the learner's, then by :func:`locate_seq2seq` (the first part of
+    the model whose input differs), then by the generic diagnoses of :class:`Exercise`.
+
+    ``trials`` is 0 because the cases are fixed batches, not the random inputs of ``make_inputs``;
+    ``tests/test_encoder_decoder.py`` proves case by case that every mistake differs from the solution
+    and from every other mistake."""
+
+    trials: int = 0
+    cases: Callable[[], list] = _seq2seq_cases
+
+    def check(self, answer):
+        if answer is None:
+            return self._feedback("not attempted", "pass your class to check(...).")
+        if isinstance(answer, nn.Module):
+            return self._feedback(
+                "incorrect",
+                f"pass the class itself, check({self.name!r}, Seq2Seq), not an instance: the "
+                "checker builds it for several configurations.",
+            )
+        if not callable(answer):
+            return self._feedback(
+                "incorrect",
+                f"check() expects your class itself (e.g. check({self.name!r}, Seq2Seq)), got a "
+                f"{type(answer).__name__}.",
+            )
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny models: one thread is fastest, most of all on a busy CPU
+        try:
+            with torch.random.fork_rng(devices=[]):  # building models must not move the lab's seed
+                return self._check_model(answer)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _check_model(self, answer):
+        wrong = [  # each mistake as a function of the inputs, for Exercise._compare
+            Mistake(m.why, lambda src, tgt, package, cls=m.wrong: _logits(cls, package, src, tgt))
+            for m in self.mistakes
+        ]
+        compare = replace(self, mistakes=wrong)
+        cases = self.cases()
+        for config, src, tgt in cases:
+            package = package_seq2seq(config)
+            where = _describe(config, src, tgt)
+            try:
+                got = _logits(answer, package, src, tgt)
+            except NotImplementedError:
+                return self._feedback(
+                    "not attempted", "replace `raise NotImplementedError` with your code."
+                )
+            except _Verdict as verdict:
+                return self._feedback("incorrect", f"{verdict} {where}")
+            except Exception as err:  # the learner's bug: report it, never crash the notebook
+                frames = [
+                    f
+                    for f in traceback.extract_tb(err.__traceback__)
+                    if "/torch/" not in f.filename and "transformer_course" not in f.filename
+                ]
+                line = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+                return self._feedback(
+                    "error", f"your model raised {type(err).__name__}: {err}{line} {where}"
+                )
+            with torch.no_grad():
+                expected = package(src, tgt[:, :-1])[0]
+            verdict = Exercise._compare(compare, got, expected, (src, tgt, package))
+            if verdict is None:
+                continue
+            if not any(verdict == m.why for m in self.mistakes):
+                hint = locate_seq2seq(answer, package, src, tgt)
+                verdict = f"{hint} ({verdict})" if hint else verdict
+            return self._feedback("incorrect", f"{verdict} {where}")
+        return self._feedback(
+            "correct",
+            f"matches the package's Seq2Seq, its weights loaded into yours, on {len(cases)} batches "
+            "of dates.",
+        )
+
+
+def _register(ex: Exercise) -> None:
+    if ex.name in _REGISTRY:
+        raise ValueError(f"exercise {ex.name!r} is defined twice")
+    _REGISTRY[ex.name] = ex
+
+
+_register(
+    AssemblyExercise(
+        name="encoder_decoder.seq2seq",
+        prompt=(
+            "Assemble the class Seq2Seq(config), an nn.Module, from the package's blocks: src_emb, "
+            "tgt_emb (nn.Embedding), src_pos, tgt_pos (LearnedPositionalEmbedding), encoder = "
+            "TransformerStack(PreNormBlock, n_encoder_layers, D, H, activation='gelu'), decoder = "
+            "Decoder(n_decoder_layers, D, H, activation='gelu'), head = nn.Linear(D, tgt_vocab, "
+            "bias=False). forward(src (B, M), tgt (B, N + 1)) returns the logits (B, N, tgt_vocab) "
+            "of teacher forcing: the encoder reads E_src[x] + R_src with the source's padding "
+            "hidden; the decoder reads E_tgt[tgt[:, :-1]] + R_tgt and the memory's keys and values, "
+            "with the same padding hidden from cross-attention."
+        ),
+        solution=Seq2Seq,
+        make_inputs=lambda gen, trial: (),
+        mistakes=SEQ2SEQ_MISTAKES,
+    )
+)

@@ -1,5 +1,6 @@
 """Exercises of the *Multi-head self-attention* lab: splitting and merging heads, multi-head
-attention from its weights, Turner's low-rank ``V_h``, and the parameter count of both forms.
+attention from its weights, the whole layer as an ``nn.Module`` in about 20 lines (checked with the
+package's weights loaded into it), Turner's low-rank ``V_h``, and the parameter count of both forms.
 
 Chapter: *Multi-head self-attention* (Turner 2023 eq. 4-6 and footnotes 11-13; Bishop & Bishop 2024
 sec. 2.11, Algorithm 2 and exercise 5; MIT 6.390 sec. 9.4.2). Rows are tokens; head ``h`` owns the
@@ -10,11 +11,16 @@ contiguous feature block ``h*d_k : (h+1)*d_k`` (columns of ``W_q, W_k, W_v``, ro
 from __future__ import annotations
 
 import math
+import traceback
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from . import Mistake, exercise, randn
+from ..multihead import SelfAttention
+from . import _REGISTRY, Exercise, Mistake, exercise, randn
 
 # ---------------------------------------------------------------------------------------------------
 # 1. Split the features of every token into H heads
@@ -201,7 +207,353 @@ def multi_head_attention(
 
 
 # ---------------------------------------------------------------------------------------------------
-# 4. Turner's V_h from the value and output maps (Turner fn. 13; Bishop exercise 5)
+# 4. The layer itself: an nn.Module with four nn.Linear maps (about 20 lines)
+#
+# The learner writes a class with fixed parameter names (W_q, W_k, W_v, W_o, each nn.Linear(D, D)). The
+# checker builds it as answer(D, H), loads the weights of a seeded package layer, tc.multihead.
+# SelfAttention, into it by those names (lab_state_dict), runs both on the same batch and compares. Each
+# typical mistake is a small subclass of the reference solution that changes one thing, run with the
+# same weights; the first one whose output equals the learner's names what is wrong.
+
+_LAYER_SIZES = ((2, 5, 6, 2), (1, 7, 12, 3), (3, 4, 8, 4))  # (B, N, D, H): N != D, d_k = 3, 4, 2
+LAB_NAMES = tuple(f"{W}.{p}" for W in ("W_q", "W_k", "W_v", "W_o") for p in ("weight", "bias"))
+
+
+def lab_state_dict(layer: SelfAttention) -> dict[str, Tensor]:
+    """The weights of the package's layer under the lab's names.
+
+    ``SelfAttention`` stacks the three input maps in one ``in_proj = nn.Linear(D, 3D)``; the lab's layer
+    has one ``nn.Linear(D, D)`` each. So ``W_q.weight`` is rows ``0:D`` of ``in_proj.weight`` (the
+    course's ``W_q`` transposed: ``nn.Linear`` stores ``(out, in)``), ``W_k.weight`` rows ``D:2D``,
+    ``W_v.weight`` rows ``2D:3D``, the biases likewise, and ``W_o`` is ``out_proj``.
+    """
+    D = layer.d_model
+    weights = layer.in_proj.weight.detach().split(D, dim=0)  # (D, D) each: W_q^T, W_k^T, W_v^T
+    biases = layer.in_proj.bias.detach().split(D)  # (D,) each
+    state = {}
+    for name, W, b in zip(("W_q", "W_k", "W_v"), weights, biases, strict=True):
+        state[f"{name}.weight"], state[f"{name}.bias"] = W, b
+    state["W_o.weight"] = layer.out_proj.weight.detach()  # W_o^T
+    state["W_o.bias"] = layer.out_proj.bias.detach()
+    return state
+
+
+def _layer_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, SelfAttention]:
+    """A batch X (B, N, D) and the package's layer with seeded weights, in float64.
+
+    Weights are N(0, 1/D) and biases N(0, 0.2^2): the scores are of order one, so no softmax saturates
+    and every mistake below changes the output clearly (tests/test_multihead.py proves it).
+    """
+    B, N, D, H = _LAYER_SIZES[trial % 3]
+    with torch.random.fork_rng(devices=[]):  # the default initialisation is overwritten below
+        layer = SelfAttention(D, H).double().eval().requires_grad_(False)
+    for p in layer.parameters():
+        p.copy_(randn(gen, *p.shape) / math.sqrt(D) if p.dim() == 2 else 0.2 * randn(gen, *p.shape))
+    return randn(gen, B, N, D), layer
+
+
+class MultiHeadSelfAttention(nn.Module):
+    def __init__(self, D, H):
+        super().__init__()
+        self.H, self.d_k = H, D // H  # H heads of width d_k
+        self.W_q = nn.Linear(D, D)  # the H query maps side by side (nn.Linear stores W_q^T)
+        self.W_k = nn.Linear(D, D)  # the H key maps
+        self.W_v = nn.Linear(D, D)  # the H value maps
+        self.W_o = nn.Linear(D, D)  # the output map, applied to the concatenated heads
+
+    def forward(self, X):
+        B, N, D = X.shape
+
+        def split(T):  # (B, N, D) -> (B, N, H, d_k) -> (B, H, N, d_k): head h gets its d_k features
+            return T.view(B, N, self.H, self.d_k).transpose(1, 2)
+
+        Q, K, V = split(self.W_q(X)), split(self.W_k(X)), split(self.W_v(X))
+        S = Q @ K.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, N, N): one score matrix per head
+        A = torch.softmax(S, dim=-1)  # each query's weights over the keys sum to one
+        heads = A @ V  # (B, H, N, d_k)
+        concat = heads.transpose(1, 2).reshape(B, N, D)  # [head_1, ..., head_H]: (B, N, H d_k)
+        return self.W_o(concat)  # (B, N, D)
+
+
+class _Layer(MultiHeadSelfAttention):
+    """Wrong layers: the reference's parameters, and one class attribute per mistake."""
+
+    split = merge = "heads"  # "no_transpose": a reshape alone; "interleaved": (B, N, d_k, H)
+    scale = "d_k"  # "D" or "none"
+    softmax_dim = -1
+    one_head = False  # H ignored: one head of width D
+    out = "linear"  # "none", "untransposed" (concat @ W_o.weight), "bias_per_head"
+    raw_weights = False  # every map as X @ W.weight + W.bias (nn.Linear's weight untransposed)
+
+    def forward(self, X):
+        B, N, D = X.shape
+        H = 1 if self.one_head else self.H
+        d_k = D // H
+        maps = (self.W_q, self.W_k, self.W_v)
+        if self.raw_weights:
+            Q, K, V = (X @ W.weight + W.bias for W in maps)
+        else:
+            Q, K, V = (W(X) for W in maps)
+        split = {
+            "heads": lambda T: T.reshape(B, N, H, d_k).transpose(1, 2),
+            "no_transpose": lambda T: T.reshape(B, H, N, d_k),
+            "interleaved": lambda T: T.reshape(B, N, d_k, H).permute(0, 3, 1, 2),
+        }[self.split]
+        Q, K, V = split(Q), split(K), split(V)  # (B, H, N, d_k) each
+        width = {"d_k": d_k, "D": D, "none": 1}[self.scale]
+        A = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(width), dim=self.softmax_dim)
+        heads = A @ V  # (B, H, N, d_k)
+        concat = {
+            "heads": lambda: heads.transpose(1, 2).reshape(B, N, D),
+            "no_transpose": lambda: heads.reshape(B, N, D),
+            "interleaved": lambda: heads.permute(0, 2, 3, 1).reshape(B, N, D),
+        }[self.merge]()
+        W_o = self.W_o
+        if self.out == "none":
+            return concat
+        if self.out == "untransposed" or self.raw_weights:
+            return concat @ W_o.weight + W_o.bias
+        if self.out == "bias_per_head":
+            blocks = [slice(h * d_k, (h + 1) * d_k) for h in range(H)]
+            return sum(
+                F.linear(heads[:, h], W_o.weight[:, s], W_o.bias) for h, s in enumerate(blocks)
+            )
+        return W_o(concat)
+
+
+def _wrong(name: str, **attrs: Any) -> type:
+    """A subclass of :class:`_Layer` with some attributes changed: one typical mistake."""
+    return type(name, (_Layer,), attrs)
+
+
+LAYER_MISTAKES = [
+    Mistake(
+        "the heads are split by a reshape alone: .view(B, H, N, d_k) cuts each sequence's memory into "
+        "H chunks of consecutive tokens, so a row of a head mixes features of different tokens. View "
+        "as (B, N, H, d_k) first, then .transpose(1, 2).",
+        _wrong("SplitWithoutTranspose", split="no_transpose"),
+    ),
+    Mistake(
+        "the heads are merged by a reshape alone: (B, H, N, d_k).reshape(B, N, D) glues rows of "
+        "different tokens together. Transpose back to (B, N, H, d_k) first, then reshape to "
+        "(B, N, D).",
+        _wrong("MergeWithoutTranspose", merge="no_transpose"),
+    ),
+    Mistake(
+        "the heads are split and merged by reshapes alone (.view(B, H, N, d_k), then "
+        ".reshape(B, N, D)): the round trip restores the memory layout, but each head attends over "
+        "rows that mix the tokens' features, not over the N tokens. Split with "
+        ".view(B, N, H, d_k).transpose(1, 2) and merge with .transpose(1, 2).reshape(B, N, D).",
+        _wrong("ReshapesOnly", split="no_transpose", merge="no_transpose"),
+    ),
+    Mistake(
+        "the heads are interleaved: a view as (B, N, d_k, H) gives head h the features h, h+H, "
+        "h+2H, ... Head h owns the contiguous block h*d_k:(h+1)*d_k of Q, K and V (and the same "
+        "rows of W_o): view as (B, N, H, d_k).",
+        _wrong("Interleaved", split="interleaved", merge="interleaved"),
+    ),
+    Mistake(
+        "the heads are concatenated in the wrong order: merging (B, H, N, d_k) as (B, N, d_k, H) "
+        "(permute(0, 2, 3, 1)) interleaves the heads' features. [head_1, ..., head_H] puts head h's "
+        "d_k features at h*d_k:(h+1)*d_k: transpose to (B, N, H, d_k), then reshape.",
+        _wrong("ConcatOrder", merge="interleaved"),
+    ),
+    Mistake(
+        "the scores are scaled by 1/sqrt(D); the scale is 1/sqrt(d_k), with d_k = D / H the width "
+        "of one head's queries and keys.",
+        _wrong("ScaleByD", scale="D"),
+    ),
+    Mistake(
+        "the scores are not scaled: divide each head's Q_h K_h^T by sqrt(d_k) before the softmax.",
+        _wrong("NoScale", scale="none"),
+    ),
+    Mistake(
+        "the softmax ran over the queries (dim=-2 of the (B, H, N, N) scores); each query's weights "
+        "over the keys must sum to one: softmax over dim=-1.",
+        _wrong("SoftmaxOverQueries", softmax_dim=-2),
+    ),
+    Mistake(
+        "the softmax ran over the heads (dim=1 of the (B, H, N, N) scores); every head normalises "
+        "each query's scores over the keys on its own: softmax over dim=-1.",
+        _wrong("SoftmaxOverHeads", softmax_dim=1),
+    ),
+    Mistake(
+        "you computed one head of width D (H is not used): split Q, K and V into H heads of width "
+        "d_k = D / H, each with its own scores and softmax.",
+        _wrong("OneHead", one_head=True),
+    ),
+    Mistake(
+        "W_o is missing: after concatenating the heads, apply the output map, self.W_o(concat).",
+        _wrong("NoOutputMap", out="none"),
+    ),
+    Mistake(
+        "W_o's nn.Linear weight is used untransposed (concat @ self.W_o.weight), or per head with the "
+        "wrong slice (rows h*d_k:(h+1)*d_k of self.W_o.weight): nn.Linear stores W_o^T, shape "
+        "(out, in), and computes concat @ weight.T + bias. Call self.W_o(concat); head by head, "
+        "head h meets the columns self.W_o.weight[:, h*d_k:(h+1)*d_k].",
+        _wrong("OutputWeightUntransposed", out="untransposed"),
+    ),
+    Mistake(
+        "the nn.Linear weights are used untransposed (X @ self.W_q.weight + self.W_q.bias, ...): "
+        "nn.Linear stores the transpose of the course's W_q, shape (out, in), and computes "
+        "X @ weight.T + bias. Call the maps: self.W_q(X), ..., self.W_o(concat).",
+        _wrong("WeightsUntransposed", raw_weights=True),
+    ),
+    Mistake(
+        "W_o is applied head by head and its bias added once per head (H times); the output map "
+        "adds its bias once: apply self.W_o to the concatenation (or add the bias after summing "
+        "the heads' products).",
+        _wrong("BiasPerHead", out="bias_per_head"),
+    ),
+]
+
+
+class _Verdict(Exception):
+    """What is wrong with an answer, found before its output is compared."""
+
+
+def _build(answer: Any, layer: SelfAttention) -> nn.Module:
+    """``answer(D, H)`` in float64 and evaluation mode, with ``layer``'s weights loaded by name."""
+    D, H = layer.d_model, layer.H
+    module = answer(D, H)
+    if not isinstance(module, nn.Module):
+        raise _Verdict(
+            f"MultiHeadSelfAttention(D, H) built a {type(module).__name__}, not an nn.Module: "
+            "subclass nn.Module and call super().__init__() first."
+        )
+    own = {name: p.shape for name, p in module.named_parameters()}
+    missing = [k for k in LAB_NAMES if k not in own]
+    extra = [k for k in own if k not in LAB_NAMES]
+    if missing or extra:
+        said = [f"it has no parameter {_listed(missing)}"] if missing else []
+        said += [f"it has parameters the checker does not know: {_listed(extra)}"] if extra else []
+        raise _Verdict(
+            f"your layer's parameters do not have the lab's names ({'; '.join(said)}). The checker "
+            "loads the package's weights by name: make four maps self.W_q, self.W_k, self.W_v and "
+            "self.W_o, each nn.Linear(D, D) with its bias, and no other parameters."
+        )
+    state = lab_state_dict(layer)
+    for k, t in state.items():
+        if own[k] != t.shape:
+            raise _Verdict(
+                f"{k} has shape {tuple(own[k])} but must be {tuple(t.shape)}: each map is "
+                f"nn.Linear(D, D) with D = {D} (all H heads side by side)."
+            )
+    module = module.double().eval()
+    module.load_state_dict(state, strict=False)  # every parameter is in state; buffers are kept
+    return module
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names[:8]) + (" ..." if len(names) > 8 else "")
+
+
+def _run(answer: Any, X: Tensor, layer: SelfAttention) -> Any:
+    """The output of the layer that ``answer`` builds, with ``layer``'s weights, on ``X``."""
+    module = _build(answer, layer)
+    with torch.no_grad():
+        return module(X.clone())
+
+
+def _where(X: Tensor, layer: SelfAttention) -> str:
+    B, N, D = X.shape
+    return f"[case: X (B, N, D) = {(B, N, D)}, H = {layer.H}, d_k = {D // layer.H}]"
+
+
+@dataclass
+class LayerExercise(Exercise):
+    """An exercise whose answer is a class: ``answer(D, H)`` must build an ``nn.Module`` with the
+    parameter names :data:`LAB_NAMES`; it is run with the package's weights on ``trials`` seeded
+    batches and compared with :class:`~transformer_course.multihead.SelfAttention`. A difference is
+    explained by the first :class:`Mistake` (a wrong class) whose output equals the learner's, then
+    by the generic diagnoses of :class:`Exercise` (wrong shape, NaN, largest error)."""
+
+    def check(self, answer: Any) -> Any:
+        if answer is None:
+            return self._feedback("not attempted", "pass your class to check(...).")
+        if isinstance(answer, nn.Module):
+            return self._feedback(
+                "incorrect",
+                f"pass the class itself, check({self.name!r}, MultiHeadSelfAttention), not an "
+                "instance: the checker builds it for several sizes.",
+            )
+        if not callable(answer):
+            return self._feedback(
+                "incorrect",
+                f"check() expects your class itself (e.g. check({self.name!r}, "
+                f"MultiHeadSelfAttention)), got a {type(answer).__name__}.",
+            )
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny layers: one thread is fastest, most of all on a busy CPU
+        try:
+            with torch.random.fork_rng(devices=[]):  # building layers must not move the lab's seed
+                return self._check_layer(answer)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _check_layer(self, answer: Any) -> Any:
+        wrong = [  # each mistake as a function of the inputs, for Exercise._compare
+            Mistake(m.why, lambda X, layer, cls=m.wrong: _run(cls, X, layer)) for m in self.mistakes
+        ]
+        compare = replace(self, mistakes=wrong)
+        for trial in range(self.trials):
+            X, layer = self.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
+            try:
+                got = _run(answer, X, layer)
+            except NotImplementedError:
+                return self._feedback(
+                    "not attempted", "replace `raise NotImplementedError` with your code."
+                )
+            except _Verdict as verdict:
+                return self._feedback("incorrect", f"{verdict} {_where(X, layer)}")
+            except Exception as err:  # the learner's bug: report it, never crash the notebook
+                frames = [
+                    f
+                    for f in traceback.extract_tb(err.__traceback__)
+                    if "/torch/" not in f.filename
+                ]
+                where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+                return self._feedback(
+                    "error",
+                    f"your layer raised {type(err).__name__}: {err}{where} {_where(X, layer)}",
+                )
+            with torch.no_grad():
+                expected = layer(X)
+            verdict = Exercise._compare(compare, got, expected, (X, layer))
+            if verdict is not None:
+                return self._feedback("incorrect", f"{verdict} {_where(X, layer)}")
+        return self._feedback(
+            "correct",
+            f"matches the package's SelfAttention, its weights loaded into yours, on {self.trials} "
+            "random batches.",
+        )
+
+
+def _register(ex: Exercise) -> None:
+    if ex.name in _REGISTRY:
+        raise ValueError(f"exercise {ex.name!r} is defined twice")
+    _REGISTRY[ex.name] = ex
+
+
+_register(
+    LayerExercise(
+        name="multihead.layer",
+        prompt=(
+            "Write the class MultiHeadSelfAttention(D, H), an nn.Module: four maps self.W_q, "
+            "self.W_k, self.W_v, self.W_o, each nn.Linear(D, D); forward(X) takes X (B, N, D), "
+            "splits Q = W_q(X), K, V into H heads of width d_k = D / H (head h: features "
+            "h*d_k:(h+1)*d_k), computes head_h = softmax_row(Q_h K_h^T / sqrt(d_k)) V_h, and returns "
+            "W_o([head_1, ..., head_H]) of shape (B, N, D)."
+        ),
+        solution=MultiHeadSelfAttention,
+        make_inputs=_layer_inputs,
+        mistakes=LAYER_MISTAKES,
+    )
+)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. Turner's V_h from the value and output maps (Turner fn. 13; Bishop exercise 5)
 
 _V_SIZES = ((4, 2), (6, 3), (8, 4))  # (D, H) per trial
 
@@ -212,8 +564,8 @@ def _V_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, int]:
 
 
 def _blocks(D: int, H: int) -> list[slice]:
-    K = D // H
-    return [slice(h * K, (h + 1) * K) for h in range(H)]  # head h's contiguous block
+    d_k = D // H
+    return [slice(h * d_k, (h + 1) * d_k) for h in range(H)]  # head h's contiguous block
 
 
 def _V_full_product(W_v: Tensor, W_o: Tensor, H: int) -> Tensor:
@@ -227,9 +579,10 @@ def _V_from_slices(W_v: Tensor, W_o: Tensor, H: int, slices) -> Tensor:
 @exercise(
     name="multihead.turner_V",
     prompt=(
-        "Given the value map W_v (D, D), the output map W_o (D, D) and H heads (K = D / H), return "
+        "Given the value map W_v (D, D), the output map W_o (D, D) and H heads (d_k = D / H), return "
         "Turner's output maps V of shape (H, D, D) with V[h] = (W_v^(h) W_o^(h))^T, where W_v^(h) "
-        "is columns h*K:(h+1)*K of W_v (D x K) and W_o^(h) is rows h*K:(h+1)*K of W_o (K x D)."
+        "is columns h*d_k:(h+1)*d_k of W_v (D x d_k) and W_o^(h) is rows h*d_k:(h+1)*d_k of W_o "
+        "(d_k x D)."
     ),
     make_inputs=_V_inputs,
     mistakes=[
@@ -240,33 +593,33 @@ def _V_from_slices(W_v: Tensor, W_o: Tensor, H: int, slices) -> Tensor:
         ),
         Mistake(
             "you sliced columns of W_o (and transposed them to make the product fit); head h owns the "
-            "ROWS h*K:(h+1)*K of W_o, the rows that multiply its block of the concatenation.",
+            "ROWS h*d_k:(h+1)*d_k of W_o, the rows that multiply its block of the concatenation.",
             lambda W_v, W_o, H: _V_from_slices(W_v, W_o.T, H, _blocks(W_v.shape[0], H)),
         ),
         Mistake(
-            "the slices are interleaved (every H-th column/row, as after a reshape to (D, K, H)); head "
-            "h owns the contiguous block h*K:(h+1)*K.",
+            "the slices are interleaved (every H-th column/row, as after a reshape to (D, d_k, H)); "
+            "head h owns the contiguous block h*d_k:(h+1)*d_k.",
             lambda W_v, W_o, H: _V_from_slices(W_v, W_o, H, [slice(h, None, H) for h in range(H)]),
         ),
         Mistake(
-            "every head got the full product (W_v W_o)^T; V_h uses only head h's K columns of W_v and "
-            "K rows of W_o (so rank V_h <= K, and the V_h sum to (W_v W_o)^T).",
+            "every head got the full product (W_v W_o)^T; V_h uses only head h's d_k columns of W_v "
+            "and d_k rows of W_o (so rank V_h <= d_k, and the V_h sum to (W_v W_o)^T).",
             _V_full_product,
         ),
     ],
 )
 def turner_V(W_v: Tensor, W_o: Tensor, H: int) -> Tensor:
     D = W_v.shape[0]
-    K = D // H
+    d_k = D // H
     V = []
     for h in range(H):
-        block = slice(h * K, (h + 1) * K)  # head h's K features
-        V.append((W_v[:, block] @ W_o[block, :]).T)  # (D, K) @ (K, D) -> (D, D), rank <= K
+        block = slice(h * d_k, (h + 1) * d_k)  # head h's d_k features
+        V.append((W_v[:, block] @ W_o[block, :]).T)  # (D, d_k) @ (d_k, D) -> (D, D), rank <= d_k
     return torch.stack(V)  # (H, D, D)
 
 
 # ---------------------------------------------------------------------------------------------------
-# 5. Parameter counts of the two forms
+# 6. Parameter counts of the two forms
 
 _COUNT_SIZES = ((64, 8, True), (12, 3, False), (128, 4, True))  # (D, H, bias) per trial
 
@@ -278,42 +631,42 @@ def _counts(concat: int, turner: int) -> Tensor:
 @exercise(
     name="multihead.param_count",
     prompt=(
-        "Return the pair (P_concat, P_turner) of learnable parameter counts for width D and H heads "
-        "with K = D / H: P_concat for the concat form (W_q, W_k, W_v, W_o, plus one bias vector per "
-        "projection when bias is True), as in tc.multihead.SelfAttention(D, H, bias=bias); "
-        "P_turner for Turner's form (U_q,h and U_k,h of shape K x D and V_h of shape D x D for each "
-        "head; no biases)."
+        "Return the pair (n_params_concat, n_params_turner) of learnable parameter counts for width "
+        "D and H heads with d_k = D / H: n_params_concat for the concat form (W_q, W_k, W_v, W_o, "
+        "plus one bias vector per projection when bias is True), as in "
+        "tc.multihead.SelfAttention(D, H, bias=bias); n_params_turner for Turner's form (U_q,h and "
+        "U_k,h of shape d_k x D and V_h of shape D x D for each head; no biases)."
     ),
     make_inputs=lambda gen, trial: _COUNT_SIZES[trial % 3],
     mistakes=[
         Mistake(
-            "P_concat misses the biases: with bias=True each of the four projections has a bias "
-            "vector of length D (4D in all).",
+            "n_params_concat misses the biases: with bias=True each of the four projections has a "
+            "bias vector of length D (4D in all).",
             lambda D, H, bias: _counts(4 * D * D, H * (2 * (D // H) * D + D * D)),
         ),
         Mistake(
-            "P_concat misses W_o: the output map adds D x D weights (and D biases).",
+            "n_params_concat misses W_o: the output map adds D x D weights (and D biases).",
             lambda D, H, bias: _counts(3 * D * D + 3 * D * bias, H * (2 * (D // H) * D + D * D)),
         ),
         Mistake(
-            "P_concat gives every head full D x D query, key and value maps; with d_k = D / H the H "
-            "heads together fill one D x D matrix each for W_q, W_k and W_v.",
+            "n_params_concat gives every head full D x D query, key and value maps; with "
+            "d_k = D / H the H heads together fill one D x D matrix each for W_q, W_k and W_v.",
             lambda D, H, bias: _counts(
                 3 * H * D * D + D * D + 4 * D * bias, H * (2 * (D // H) * D + D * D)
             ),
         ),
         Mistake(
-            "P_turner counts V_h as low rank (2KD per head): Turner's V_h are full D x D matrices, "
-            "H D^2 in all.",
+            "n_params_turner counts V_h as low rank (2 d_k D per head): Turner's V_h are full D x D "
+            "matrices, H D^2 in all.",
             lambda D, H, bias: _counts(4 * D * D + 4 * D * bias, 4 * D * D),
         ),
         Mistake(
-            "P_turner uses D x D query and key maps; Turner's U_q,h and U_k,h are K x D with "
-            "K = D / H.",
+            "n_params_turner uses D x D query and key maps; Turner's U_q,h and U_k,h are d_k x D "
+            "with d_k = D / H.",
             lambda D, H, bias: _counts(4 * D * D + 4 * D * bias, 3 * H * D * D),
         ),
         Mistake(
-            "P_turner has biases added; Turner's form (his eq. 4-6) has none.",
+            "n_params_turner has biases added; Turner's form (his eq. 4-6) has none.",
             lambda D, H, bias: _counts(
                 4 * D * D + 4 * D * bias, H * (2 * (D // H) * D + D * D) + 4 * D * bias
             ),
@@ -321,7 +674,7 @@ def _counts(concat: int, turner: int) -> Tensor:
     ],
 )
 def param_count(D: int, H: int, bias: bool) -> Tensor:
-    K = D // H
-    P_concat = 4 * D * D + (4 * D if bias else 0)  # W_q, W_k, W_v, W_o (D x D) and their biases
-    P_turner = H * (2 * K * D + D * D)  # per head: U_q,h, U_k,h (K x D) and V_h (D x D)
-    return torch.tensor([P_concat, P_turner], dtype=torch.float64)
+    d_k = D // H
+    n_params_concat = 4 * D * D + (4 * D if bias else 0)  # W_q, W_k, W_v, W_o (D x D), biases
+    n_params_turner = H * (2 * d_k * D + D * D)  # per head: U_q,h, U_k,h (d_k x D), V_h (D x D)
+    return torch.tensor([n_params_concat, n_params_turner], dtype=torch.float64)

@@ -2,7 +2,10 @@
 concatenation as addition after linear maps, and a permutation-equivariance check.
 
 Chapter: *Position* (Turner 2023 sec. 3 and footnote 19; Bishop & Bishop 2024 sec. 2.14 and exercises
-7-10; MIT 6.390 sec. 9.5.1). Inputs are float64 so the checkers can use tight tolerances.
+7-10; MIT 6.390 sec. 9.5.1). Inputs are float64 so the checkers can use tight tolerances. Notation as in
+the chapter and the glossary: the base of the sinusoids is Omega (the argument ``base``, as in
+:func:`.position.sinusoidal_encoding`; Bishop calls it L), the frequency of pair ``j`` is
+``omega_j = Omega^(-2j/D)``, and ``k`` is kept for an offset (``Phi_k``).
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ from . import Mistake, exercise, randn
 # 1. The sinusoidal encoding from scratch (Vaswani et al. 2017; Bishop eq. 25)
 
 
-def _sinusoid(N: int, D: int, L: float, first: int = 0, exponent: float = 2.0) -> Tensor:
+def _sinusoid(N: int, D: int, base: float, first: int = 0, exponent: float = 2.0) -> Tensor:
     n = torch.arange(first, first + N, dtype=torch.float64)[:, None]  # (N, 1)
-    k = torch.arange(D // 2, dtype=torch.float64)  # (D/2,)
-    return n * L ** (-exponent * k / D)  # (N, D/2) angles omega_k n
+    j = torch.arange(D // 2, dtype=torch.float64)  # (D/2,)
+    return n * base ** (-exponent * j / D)  # (N, D/2) angles omega_j n
 
 
 def _interleave(even: Tensor, odd: Tensor) -> Tensor:
@@ -36,65 +39,65 @@ def _sinusoid_inputs(gen: torch.Generator, trial: int) -> tuple[int, int, float]
     name="position.sinusoidal",
     prompt=(
         "Return the sinusoidal position encoding R (N, D) for an even D, positions n = 0..N-1: "
-        "R[n, 2k] = sin(omega_k n), R[n, 2k+1] = cos(omega_k n), omega_k = L^(-2k/D), "
-        "k = 0..D/2-1 (float64, without tc.position)."
+        "R[n, 2j] = sin(omega_j n), R[n, 2j+1] = cos(omega_j n), omega_j = Omega^(-2j/D), "
+        "j = 0..D/2-1, where the base Omega is the argument base (float64, without tc.position)."
     ),
     make_inputs=_sinusoid_inputs,
     mistakes=[
         Mistake(
-            "sine and cosine are swapped: the even columns 2k hold sin(omega_k n) and the odd columns "
-            "2k+1 hold cos(omega_k n), so row 0 is [0, 1, 0, 1, ...].",
-            lambda N, D, L: _interleave(
-                torch.cos(_sinusoid(N, D, L)), torch.sin(_sinusoid(N, D, L))
+            "sine and cosine are swapped: the even columns 2j hold sin(omega_j n) and the odd columns "
+            "2j+1 hold cos(omega_j n), so row 0 is [0, 1, 0, 1, ...].",
+            lambda N, D, base: _interleave(
+                torch.cos(_sinusoid(N, D, base)), torch.sin(_sinusoid(N, D, base))
             ),
         ),
         Mistake(
-            "the exponent is k/D; the frequencies are omega_k = L^(-2k/D) (in Bishop's eq. 25 the "
-            "column index i = 2k appears, so i/D = 2k/D).",
-            lambda N, D, L: _interleave(
-                torch.sin(_sinusoid(N, D, L, exponent=1.0)),
-                torch.cos(_sinusoid(N, D, L, exponent=1.0)),
+            "the exponent is j/D; the frequencies are omega_j = Omega^(-2j/D) (in Bishop's eq. 25 the "
+            "column index i = 2j appears, so i/D = 2j/D).",
+            lambda N, D, base: _interleave(
+                torch.sin(_sinusoid(N, D, base, exponent=1.0)),
+                torch.cos(_sinusoid(N, D, base, exponent=1.0)),
             ),
         ),
         Mistake(
             "your positions start at 1; the first row is position n = 0 (all sines 0, all cosines "
             "1): use torch.arange(N).",
-            lambda N, D, L: _interleave(
-                torch.sin(_sinusoid(N, D, L, first=1)), torch.cos(_sinusoid(N, D, L, first=1))
+            lambda N, D, base: _interleave(
+                torch.sin(_sinusoid(N, D, base, first=1)), torch.cos(_sinusoid(N, D, base, first=1))
             ),
         ),
         Mistake(
-            "all sines come first and all cosines last; here they are interleaved: column 2k is a "
-            "sine and column 2k+1 its cosine partner at the same frequency.",
-            lambda N, D, L: torch.cat(
-                [torch.sin(_sinusoid(N, D, L)), torch.cos(_sinusoid(N, D, L))], dim=-1
+            "all sines come first and all cosines last; here they are interleaved: column 2j is a "
+            "sine and column 2j+1 its cosine partner at the same frequency.",
+            lambda N, D, base: torch.cat(
+                [torch.sin(_sinusoid(N, D, base)), torch.cos(_sinusoid(N, D, base))], dim=-1
             ),
         ),
         Mistake(
-            "each cosine column 2k+1 used the exponent (2k+1)/D; it shares the frequency of its sine "
-            "partner, omega_k = L^(-2k/D) (Bishop writes (i-1)/D for odd i).",
-            lambda N, D, L: _interleave(
-                torch.sin(_sinusoid(N, D, L)),
+            "each cosine column 2j+1 used the exponent (2j+1)/D; it shares the frequency of its sine "
+            "partner, omega_j = Omega^(-2j/D) (Bishop writes (i-1)/D for odd i).",
+            lambda N, D, base: _interleave(
+                torch.sin(_sinusoid(N, D, base)),
                 torch.cos(
                     torch.arange(N, dtype=torch.float64)[:, None]
-                    * L ** (-(2 * torch.arange(D // 2, dtype=torch.float64) + 1) / D)
+                    * base ** (-(2 * torch.arange(D // 2, dtype=torch.float64) + 1) / D)
                 ),
             ),
         ),
         Mistake(
-            "you multiplied n by L^(+2k/D); divide instead: omega_k = L^(-2k/D), so the wavelengths "
-            "grow with k from 2 pi towards 2 pi L.",
-            lambda N, D, L: _interleave(
-                torch.sin(_sinusoid(N, D, L, exponent=-2.0)),
-                torch.cos(_sinusoid(N, D, L, exponent=-2.0)),
+            "you multiplied n by Omega^(+2j/D); divide instead: omega_j = Omega^(-2j/D), so the "
+            "wavelengths grow with j from 2 pi towards 2 pi Omega.",
+            lambda N, D, base: _interleave(
+                torch.sin(_sinusoid(N, D, base, exponent=-2.0)),
+                torch.cos(_sinusoid(N, D, base, exponent=-2.0)),
             ),
         ),
     ],
 )
-def sinusoidal(N: int, D: int, L: float) -> Tensor:
+def sinusoidal(N: int, D: int, base: float) -> Tensor:
     n = torch.arange(N, dtype=torch.float64)[:, None]  # (N, 1): positions from 0
-    k = torch.arange(D // 2, dtype=torch.float64)  # (D/2,): one frequency per sine/cosine pair
-    omega = L ** (-2 * k / D)  # (D/2,)
+    j = torch.arange(D // 2, dtype=torch.float64)  # (D/2,): one frequency per sine/cosine pair j
+    omega = base ** (-2 * j / D)  # (D/2,): omega_j = Omega^(-2j/D)
     R = torch.zeros(N, D, dtype=torch.float64)
     R[:, 0::2] = torch.sin(n * omega)  # (N, D/2) into the even columns
     R[:, 1::2] = torch.cos(n * omega)  # (N, D/2) into the odd columns
@@ -102,7 +105,7 @@ def sinusoidal(N: int, D: int, L: float) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 2. The 2x2 rotation that moves one sine/cosine pair by k positions (Bishop exercise 10)
+# 2. The 2x2 rotation Rot(omega k) that moves one sine/cosine pair by k positions (Bishop exercise 10)
 
 
 def _rotation_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
@@ -110,26 +113,26 @@ def _rotation_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
     return omega, (3, -4, 10)[trial % 3]
 
 
-def _block(a: Tensor, rows: list[list[int]]) -> Tensor:
-    c, s = torch.cos(a), torch.sin(a)
+def _block(angle: Tensor, rows: list[list[int]]) -> Tensor:
+    c, s = torch.cos(angle), torch.sin(angle)
     pick = {1: c, 2: s, -2: -s}
-    return torch.stack([torch.stack([pick[j] for j in row]) for row in rows])  # (2, 2)
+    return torch.stack([torch.stack([pick[e] for e in row]) for row in rows])  # (2, 2)
 
 
 @exercise(
     name="position.rotation_block",
     prompt=(
         "Given a frequency omega (a 0-dim float64 tensor) and an integer offset k, return the 2x2 "
-        "matrix Phi_k (float64) with [sin(omega (n+k)), cos(omega (n+k))] = Phi_k @ [sin(omega n), "
-        "cos(omega n)] for every position n. Use sin(a+b) and cos(a+b) with a = omega n, "
-        "b = omega k."
+        "rotation Rot(omega k) (float64; one diagonal block of Phi_k) with [sin(omega (n+k)), "
+        "cos(omega (n+k))] = Rot(omega k) @ [sin(omega n), cos(omega n)] for every position n. Use "
+        "sin(alpha + beta) and cos(alpha + beta) with alpha = omega n, beta = omega k."
     ),
     make_inputs=_rotation_inputs,
     mistakes=[
         Mistake(
-            "your matrix moves the pair from n to n - k: it is the transpose of Phi_k. Expand "
-            "sin(a + b) = sin a cos b + cos a sin b: the first row is [cos(omega k), "
-            "sin(omega k)].",
+            "your matrix moves the pair from n to n - k: it is the transpose of Rot(omega k). Expand "
+            "sin(alpha + beta) = sin alpha cos beta + cos alpha sin beta: the first row is "
+            "[cos(omega k), sin(omega k)].",
             lambda omega, k: _block(omega * k, [[1, -2], [2, 1]]),
         ),
         Mistake(
@@ -137,15 +140,17 @@ def _block(a: Tensor, rows: list[list[int]]) -> Tensor:
             lambda omega, k: _block(omega, [[1, 2], [-2, 1]]),
         ),
         Mistake(
-            "a sign is missing: cos(a + b) = cos a cos b - sin a sin b, so the second row is "
-            "[-sin(omega k), cos(omega k)].",
+            "a sign is missing: cos(alpha + beta) = cos alpha cos beta - sin alpha sin beta, so the "
+            "second row is [-sin(omega k), cos(omega k)].",
             lambda omega, k: _block(omega * k, [[1, 2], [2, 1]]),
         ),
     ],
 )
 def rotation_block(omega: Tensor, k: int) -> Tensor:
     c, s = torch.cos(omega * k), torch.sin(omega * k)
-    # row 1: sin(a + b) = sin a cos b + cos a sin b;  row 2: cos(a + b) = -sin a sin b + cos a cos b
+    # alpha = omega n, beta = omega k:
+    # row 1: sin(alpha + beta) = sin alpha cos beta + cos alpha sin beta
+    # row 2: cos(alpha + beta) = -sin alpha sin beta + cos alpha cos beta
     return torch.stack([torch.stack([c, s]), torch.stack([-s, c])])  # (2, 2)
 
 

@@ -1,5 +1,6 @@
 """Exercises of the *Self-attention* lab: scores, a row softmax, masked self-attention, the variance
-of ``q . k`` and absorbing a bias into a weight matrix.
+of ``q . k``, absorbing a bias into a weight matrix, and the whole single-head layer (optionally causal)
+in about ten lines.
 
 Chapter: *Self-attention* (Bishop & Bishop 2024, sec. 2.8-2.10 and Algorithm 1; MIT 6.390 sec. 9.3-9.4.1).
 Every input is float64 so the checkers can use tight tolerances; the Monte Carlo exercise compares with
@@ -9,6 +10,8 @@ a relative tolerance instead.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -261,3 +264,147 @@ def _bias_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
 )
 def absorb_bias(W: Tensor, b: Tensor) -> Tensor:
     return torch.cat([W, b[None, :]], dim=0)  # (D + 1, d): the last row multiplies the constant 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. The whole layer: one head of scaled dot-product self-attention, optionally causal
+
+
+def _single_head_inputs(
+    gen: torch.Generator, trial: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, bool]:
+    # Not causal first (the scale and the axes are judged there), then causal (the mask is judged);
+    # d_k is never 1 (where 1/d_k = 1/sqrt(d_k)), and d_v = D once so that V = X has the right shape.
+    N, D, d_k, d_v, causal = (
+        (5, 4, 3, 2, False),
+        (6, 5, 4, 5, True),
+        (7, 6, 2, 3, False),
+        (8, 3, 5, 4, True),
+    )[trial % 4]
+    X = randn(gen, N, D)
+    # weights scaled by 1/sqrt(D) keep the scores of order one: no softmax saturates, so a wrong
+    # scale changes the output wherever a query sees more than one key
+    W_q, W_k, W_v = (randn(gen, D, d) / math.sqrt(D) for d in (d_k, d_k, d_v))
+    return X, W_q, W_k, W_v, causal
+
+
+def _single_head_variant(
+    X,
+    W_q,
+    W_k,
+    W_v,
+    causal,
+    *,
+    scale=lambda d_k: 1 / math.sqrt(d_k),
+    keys_times_queries=False,
+    softmax_dim=-1,
+    scale_after_softmax=False,
+    values_are_X=False,
+    keys_from_W_q=False,
+    mask="tril",  # "tril" (right), "triu" (the future), or None (ignored)
+    always_masked=False,  # the mask applied whatever the flag says
+    fill=float("-inf"),  # what masked scores become; None: zero the weights after the softmax
+):
+    """One head with each typical mistake switchable, for the checker's known mistakes."""
+    Q, K = X @ W_q, X @ (W_q if keys_from_W_q else W_k)
+    V = X if values_are_X else X @ W_v
+    S = K @ Q.T if keys_times_queries else Q @ K.T
+    if scale_after_softmax:
+        return torch.softmax(S, dim=softmax_dim) * scale(Q.shape[1]) @ V
+    S = S * scale(Q.shape[1])
+    if not (causal or always_masked) or mask is None:
+        return torch.softmax(S, dim=softmax_dim) @ V
+    N = X.shape[0]
+    keep = torch.ones(N, N, dtype=torch.bool)
+    keep = keep.tril() if mask == "tril" else keep.triu()
+    if fill is None:
+        return (torch.softmax(S, dim=softmax_dim) * keep) @ V
+    return torch.softmax(S.masked_fill(~keep, fill), dim=softmax_dim) @ V
+
+
+def _mistake(**variant: Any) -> Callable[..., Tensor]:
+    return lambda X, W_q, W_k, W_v, causal: _single_head_variant(
+        X, W_q, W_k, W_v, causal, **variant
+    )
+
+
+@exercise(
+    name="self_attention.single_head",
+    prompt=(
+        "Write one head of self-attention, optionally causal: Y = softmax_row(Q K^T / sqrt(d_k)) V "
+        "with Q = X W_q, K = X W_k, V = X W_v. X is (N, D), W_q and W_k are (D, d_k), W_v is "
+        "(D, d_v), Y is (N, d_v). With causal=True, token n attends only to tokens 0..n: set the "
+        "scores above the diagonal to -inf before the softmax."
+    ),
+    make_inputs=_single_head_inputs,
+    trials=4,
+    mistakes=[
+        Mistake(
+            "the 1/sqrt(d_k) scale is missing: divide Q K^T by sqrt(d_k) before the softmax.",
+            _mistake(scale=lambda d_k: 1.0),
+        ),
+        Mistake(
+            "you divided the scores by d_k; the scale is 1/sqrt(d_k) (the standard deviation of "
+            "q . k), not 1/d_k.",
+            _mistake(scale=lambda d_k: 1 / d_k),
+        ),
+        Mistake(
+            "you scaled the weights after the softmax, so their rows sum to 1/sqrt(d_k); divide the "
+            "scores by sqrt(d_k) before the softmax.",
+            _mistake(scale_after_softmax=True),
+        ),
+        Mistake(
+            "the softmax normalised over the queries (dim=0): each query's row of weights must sum "
+            "to one, so take the softmax over the keys, dim=-1.",
+            _mistake(softmax_dim=0),
+        ),
+        Mistake(
+            "queries and keys are swapped: you computed K Q^T; row n of the scores belongs to "
+            "query n, so S = Q K^T.",
+            _mistake(keys_times_queries=True),
+        ),
+        Mistake(
+            "the values are X itself: project them, V = X W_v (the output has d_v columns).",
+            _mistake(values_are_X=True),
+        ),
+        Mistake(
+            "the keys were made with W_q: K = X W_k (queries and keys have separate maps).",
+            _mistake(keys_from_W_q=True),
+        ),
+        Mistake(
+            "with causal=True the mask is missing: token n attended to the tokens after it. Set "
+            "the scores above the diagonal to -inf before the softmax.",
+            _mistake(mask=None),
+        ),
+        Mistake(
+            "with causal=False you masked anyway: without the flag every token attends to every "
+            "token; apply the mask only when causal is True.",
+            _mistake(always_masked=True),
+        ),
+        Mistake(
+            "the causal mask points the wrong way: you kept the upper triangle, so token n sees "
+            "tokens n..N-1 (the future). Keep the lower triangle: "
+            "torch.ones(N, N, dtype=torch.bool).tril() is True where query n may see key m <= n.",
+            _mistake(mask="triu"),
+        ),
+        Mistake(
+            "you zeroed the weights after the softmax, so the rows no longer sum to one; set the "
+            "masked scores to -inf before the softmax instead.",
+            _mistake(fill=None),
+        ),
+        Mistake(
+            "the masked scores were set to 0, not -inf: exp(0) = 1, so the later tokens still get "
+            "weight. Use S.masked_fill(~mask, float('-inf')).",
+            _mistake(fill=0.0),
+        ),
+    ],
+)
+def single_head(X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, causal: bool = False) -> Tensor:
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v  # (N, d_k), (N, d_k), (N, d_v)
+    S = Q @ K.T / math.sqrt(Q.shape[-1])  # (N, N) scores: row n = query n, column m = key m
+    if causal:
+        N = X.shape[0]
+        mask = torch.ones(N, N, dtype=torch.bool, device=X.device).tril()  # True where m <= n
+        S = S.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0: no weight on later tokens
+    A = torch.softmax(S, dim=-1)  # (N, N), each row sums to one
+    return A @ V  # (N, d_v)

@@ -131,10 +131,10 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def _adam_inputs(gen: torch.Generator, trial: int) -> tuple:
-    S, P = ((5, 4), (7, 6), (4, 8))[trial % 3]
-    theta0 = randn(gen, P)
-    scales = torch.exp(randn(gen, P))  # coordinates with gradients of different sizes
-    grads = scales * randn(gen, S, P)  # (S, P): the gradient at each step, given
+    S, n = ((5, 4), (7, 6), (4, 8))[trial % 3]  # updates, parameters
+    theta0 = randn(gen, n)
+    scales = torch.exp(randn(gen, n))  # coordinates with gradients of different sizes
+    grads = scales * randn(gen, S, n)  # (S, n): the gradient at each step, given
     lr, beta1, beta2, eps, wd = ((0.1, 0.9, 0.99, 1e-2, 0.1), (0.05, 0.8, 0.95, 1e-2, 0.3),
                                  (0.2, 0.9, 0.999, 5e-2, 0.05))[trial % 3]  # fmt: skip
     return theta0, grads, lr, beta1, beta2, eps, wd
@@ -161,12 +161,13 @@ def _adam(theta0, grads, lr, beta1, beta2, eps, wd, *, correct=True, l2=False, l
 @exercise(
     name="training.adamw",
     prompt=(
-        "theta0 is a (P,) parameter vector and grads a (S, P) tensor: grads[s - 1] is the gradient "
-        "g_s used at update s = 1..S (given, so that your answer can be compared exactly). Run S "
-        "AdamW updates from theta0 with moments m_0 = u_0 = 0: m_s = beta1 m + (1 - beta1) g_s, "
-        "u_s = beta2 u + (1 - beta2) g_s^2, bias-corrected m_hat = m_s / (1 - beta1^s), "
+        "theta0 is a (n,) vector of n parameters and grads a (S, n) tensor: grads[s - 1] is the "
+        "gradient g_s used at update s = 1..S (given, so that your answer can be compared exactly). "
+        "Run S AdamW updates from theta0 with moments m_0 = u_0 = 0: "
+        "m_s = beta1 m + (1 - beta1) g_s, u_s = beta2 u + (1 - beta2) g_s^2, "
+        "bias-corrected m_hat = m_s / (1 - beta1^s), "
         "u_hat = u_s / (1 - beta2^s), then theta_s = theta_{s-1} - lr (m_hat / (sqrt(u_hat) + eps) "
-        "+ wd theta_{s-1}). Return every theta_s stacked, shape (S, P)."
+        "+ wd theta_{s-1}). Return every theta_s stacked, shape (S, n)."
     ),
     make_inputs=_adam_inputs,
     mistakes=[
@@ -209,7 +210,7 @@ def adamw(
         m_hat, u_hat = m / (1 - beta1**s), u / (1 - beta2**s)
         theta = theta - lr * (m_hat / (torch.sqrt(u_hat) + eps) + wd * theta)  # decoupled decay
         out.append(theta)
-    return torch.stack(out)  # (S, P)
+    return torch.stack(out)  # (S, n)
 
 
 # ---------------------------------------------------------------------------------------------------
