@@ -265,7 +265,7 @@ class SwiGLU(GatedMLP):
 
 
 def rope_frequencies(d: int, base: float = 10_000.0, device=None) -> Tensor:
-    r"""The ``d/2`` frequencies :math:`\omega_i = b^{-2i/d}`, ``i = 0 .. d/2 - 1``: those of the
+    r"""The ``d/2`` frequencies :math:`\omega_i = \Omega^{-2i/d}`, ``i = 0 .. d/2 - 1``: those of the
     sinusoidal code (book eq. ``eq-pos-sinusoid``) at width ``d`` (float64; Su et al. write
     :math:`\theta_i` and count ``i`` from 1). ``d`` must be even: RoPE rotates pairs of features."""
     if d < 2 or d % 2:

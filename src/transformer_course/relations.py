@@ -126,7 +126,8 @@ def shift_matrices(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    r"""The ``J`` shift matrices :math:`\Lambda_{j-j_0}` of a ``J``-tap convolution, book eq. ``eq-rel-shift``.
+    r"""The ``J`` shift matrices :math:`\Lambda_{j-j_0}` of a ``J``-tap convolution, book eq.
+    ``eq-rel-shift``.
 
     .. math:: (\Lambda_\delta)_{nm} = \begin{cases} 1 & m = n + \delta \\ 0 & \text{otherwise,}
               \end{cases} \qquad \delta = j - j_0,\quad j_0 = \lfloor (J-1)/2 \rfloor
