@@ -385,7 +385,9 @@ NAMES = [
 
 
 def test_all_exercises_are_registered():
-    assert tc.exercises.list_exercises("language_models.") == sorted(NAMES)
+    """The chapter's exercises; the capstone lab's (tests/test_lab_capstone.py) share the prefix."""
+    registered = tc.exercises.list_exercises("language_models.")
+    assert set(NAMES) <= set(registered) and registered == sorted(registered)
 
 
 def test_causal_solutions_match_the_package_and_are_transposes():

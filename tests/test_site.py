@@ -264,7 +264,7 @@ _CORE_PATH = """() => {
     // lines of code cells and literal includes.
     const article = document.querySelector("article.bd-article") || document.querySelector("main");
     const deeper = [...article.querySelectorAll("h2")]
-        .find(h => h.textContent.trim().startsWith("Going deeper"));
+        .find(h => h.textContent.replace(/^[\\d.\\s]+/, "").startsWith("Going deeper"));
     const stop = deeper ? deeper.closest("section") || deeper : null;
     const core = el => !stop || (!stop.contains(el)
         && (stop.compareDocumentPosition(el) & Node.DOCUMENT_POSITION_PRECEDING));

@@ -144,6 +144,7 @@ def test_the_recipe_trains_and_reports_both_accuracies():
 # Exercises
 
 NAMES = [
+    "vision.assemble_vit",
     "vision.patch_count",
     "vision.cls_and_positions",
     "vision.mean_pool",
@@ -320,3 +321,105 @@ def test_class_token_attention_recomputes_the_weights_of_every_block():
         X = block(X)
     with pytest.raises(ValueError, match="class token"):
         class_token_attention(ViT(ViTConfig(pool="mean")), images.float())
+
+
+# ----------------------------------------------------------------------------------------------
+# The assembly exercise (Lab 9, section 5): the learner's ViT, checked with the package's weights
+
+
+def _vit_case(trial):
+    ex = tc.exercises._get("vision.assemble_vit")
+    return ex, *ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
+
+
+def test_assemble_vit_solution_is_the_package_vit_with_its_weights_by_name():
+    for trial in range(3):
+        _, images, vit = _vit_case(trial)
+        mine = ex_vis.VisionTransformer(vit.config)
+        assert dict(mine.named_parameters()).keys() == dict(vit.named_parameters()).keys()
+        with torch.no_grad():
+            expected = vit(images)
+            got = ex_vis._run_vit(ex_vis.VisionTransformer, images, vit)
+        torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+        assert expected.std() > 0.3  # seeded weights of order one: logits that tell models apart
+
+
+def test_assemble_vit_mistakes_differ_from_the_package_and_from_each_other_on_every_trial():
+    """Every wrong model is caught on every trial, and no two give the same logits, so the checker's
+    first matching mistake is the one the learner made."""
+    for trial in range(3):
+        ex, images, vit = _vit_case(trial)
+        with torch.no_grad():
+            expected = vit(images)
+        outputs = {m.wrong.__name__: ex_vis._run_vit(m.wrong, images, vit) for m in ex.mistakes}
+        assert len(outputs) == len(ex.mistakes) >= 5
+        for name, z in outputs.items():
+            assert z.shape == expected.shape, name
+            assert (z - expected).abs().max() > 5e-2, (trial, name)
+        names = list(outputs)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                assert (outputs[a] - outputs[b]).abs().max() > 5e-2, (trial, a, b)
+
+
+def test_assemble_vit_checker_names_each_mistake_and_accepts_other_correct_models():
+    name = "vision.assemble_vit"
+    for mistake in tc.exercises._get(name).mistakes:
+        feedback = tc.exercises.check(name, mistake.wrong)
+        assert feedback.status == "incorrect" and mistake.why in feedback.message
+
+    class ByHand(ViT):  # the package's parts, the equation written out: also right
+        def forward(self, images):
+            X = tc.tokens.patchify(images, self.config.patch_size) @ self.patch.proj.weight.T
+            X = X + self.patch.proj.bias
+            X = torch.cat([self.cls.expand(len(X), 1, -1), X], dim=1) + self.pos.table.weight
+            for block in self.stack.blocks:
+                X = block(X)
+            return self.head(self.stack.final_norm(X)[:, 0])
+
+    assert tc.exercises.check(name, ByHand).status == "correct"
+    assert tc.exercises.check(name, ViT).status == "correct"
+
+
+def test_assemble_vit_checker_explains_what_it_cannot_run():
+    name = "vision.assemble_vit"
+
+    class Skeleton(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            raise NotImplementedError
+
+    class OwnNames(ex_vis.VisionTransformer):
+        def __init__(self, config):
+            super().__init__(config)
+            self.class_token = self.cls
+            del self.cls
+
+    class TablePerPatch(ex_vis.VisionTransformer):  # N rows: no row for the class token
+        def __init__(self, config):
+            super().__init__(config)
+            self.pos = tc.position.LearnedPositionalEmbedding(config.n_patches, config.d_model)
+
+    class Crashes(ex_vis.VisionTransformer):
+        def forward(self, images):
+            return self.head(self.patch(images.flatten(1)))  # patches need (B, C, H, W)
+
+    assert tc.exercises.check(name, Skeleton).status == "not attempted"
+    assert tc.exercises.check(name, None).status == "not attempted"
+    fb = tc.exercises.check(name, OwnNames)
+    assert fb.status == "incorrect" and "no parameter `cls`" in fb.message
+    assert "`class_token`" in fb.message
+    fb = tc.exercises.check(name, TablePerPatch)
+    assert fb.status == "incorrect" and "pos.table.weight has shape (16, 8)" in fb.message
+    fb = tc.exercises.check(name, Crashes)
+    assert fb.status == "error" and "ValueError" in fb.message and "line" in fb.message
+    fb = tc.exercises.check(name, ex_vis.VisionTransformer(ViTConfig()))
+    assert fb.status == "incorrect" and "pass the class itself" in fb.message
+
+
+def test_assemble_vit_checker_leaves_the_random_state_alone():
+    torch.manual_seed(0)
+    tc.exercises.check("vision.assemble_vit", ex_vis.VisionTransformer)
+    after = torch.randn(3)
+    torch.manual_seed(0)
+    assert torch.equal(after, torch.randn(3))  # a lab's later cells draw the same numbers

@@ -439,7 +439,7 @@ class ConcatenatedPositions(nn.Module):
 
 
 class SinusoidalPositions(nn.Module):
-    """Sinusoidal codes added to the tokens, book eq. ``eq-pos-sinusoid``, for any length ``N``
+    r"""Sinusoidal codes added to the tokens, book eq. ``eq-pos-sinusoid``, for any length ``N``
     (computed on the fly by :func:`.position.sinusoidal_encoding`; base :math:`\Omega` = ``base``)."""
 
     d_extra = 0

@@ -350,22 +350,22 @@ def generate(
     chosen = torch.empty(B, max_new_tokens if return_logits else 0, V, device=idx.device)
     with eval_mode(model), torch.inference_mode():  # no autograd bookkeeping at all
         caches = model.new_caches() if use_cache else None
-        s = window_start(T0, C)  # the first visible position
-        logits = model(idx[:, s:], caches=caches)[0][:, -1] if max_new_tokens else None
+        start = window_start(T0, C)  # the first visible position
+        logits = model(idx[:, start:], caches=caches)[0][:, -1] if max_new_tokens else None
         for T in range(T0, T0 + max_new_tokens):
             if return_logits:
                 chosen[:, T - T0] = logits
             out[:, T : T + 1] = next_token(logits, temperature, top_k, greedy, generator)
             if T + 1 == T0 + max_new_tokens:
                 break  # the last token is chosen: no need to run the model on it
-            s_new = window_start(T + 1, C)
-            if use_cache and s_new == s:
+            new_start = window_start(T + 1, C)
+            if use_cache and new_start == start:
                 logits = model(out[:, T : T + 1], caches=caches)[0][:, -1]  # the newest token only
                 continue
-            s = s_new  # the window moved (or no cache): run every visible token
+            start = new_start  # the window moved (or no cache): run every visible token
             for cache in caches or []:
                 cache.reset()
-            logits = model(out[:, s : T + 1], caches=caches)[0][:, -1]  # (B, |V|)
+            logits = model(out[:, start : T + 1], caches=caches)[0][:, -1]  # (B, |V|)
     return (out, chosen) if return_logits else out
 
 

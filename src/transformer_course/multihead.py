@@ -296,8 +296,9 @@ class AttentionLayer(nn.Module):
 class SelfAttention(AttentionLayer):
     r"""Multi-head self-attention: queries, keys and values from the same tokens. A causal layer
     combines a given key mask with its causal mask by a logical *and* (book eq. ``eq-ed-decmask``).
+    With a :class:`KVCache`, one step appends its keys and values and attends over the cache.
 
-    Implements: eq-mh-concat
+    Implements: eq-mh-concat, eq-lm-kv-step
 
     ``forward(X (B, N, D), mask (N, N) | (B, N, N) | None) -> (B, N, D)``. Queries, keys and values
     all come from ``X`` through one fused matrix product; the heads attend in one call of

@@ -92,6 +92,8 @@ def causal_mask(N: int, M: int | None = None, device: torch.device | str | None 
     ``M > N`` the queries are the last ``N`` of ``M`` positions (as when a cache holds earlier keys).
     Hiding the ``False`` entries before the softmax is the additive mask of book eq.
     ``eq-lm-mask-mit``.
+
+    Implements: eq-lm-mask-mit
     """
     M = N if M is None else M
     if N < 0 or M < N:

@@ -23,6 +23,8 @@ inf), so the mask exercises return masked attention weights rather than a matrix
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import pathlib
 import re
@@ -1393,9 +1395,8 @@ def _pair(out: Any) -> tuple[Tensor, Tensor]:
 def _observe_batch(answer: Any, case: tuple) -> Output:
     """Properties of the answer's batches; ``{}`` when all hold (any correct draw passes)."""
     n, C, B = case
-    ids = torch.randperm(
-        n, generator=torch.Generator().manual_seed(0)
-    )  # each id names its position
+    # distinct token ids, so that each token says where in ids it was taken from
+    ids = torch.randperm(n, generator=torch.Generator().manual_seed(0))
     where = torch.empty(n, dtype=torch.long)
     where[ids] = torch.arange(n)  # where[token] = its position in ids
     x, y = _pair(answer(ids, C, B, torch.Generator().manual_seed(1)))
@@ -1434,8 +1435,13 @@ def _observe_batch(answer: Any, case: tuple) -> Output:
     first = {int((short == t).nonzero()) for t in sx[:, 0]}  # the starts drawn
     if not first <= {0, 1, 2}:
         raise _Verdict(WHY_BATCH_PAST_END)
+    if 2 not in first:
+        raise _Verdict(WHY_BATCH_NEVER_LAST)
     if first != {0, 1, 2}:
-        raise _Verdict(WHY_BATCH_NEVER_LAST if 2 not in first else WHY_BATCH_NOT_WINDOWS)
+        raise _Verdict(
+            f"your windows never start at {sorted({0, 1, 2} - first)}: every start from 0 to "
+            "len(ids) - block_size - 1 must be possible."
+        )
     return {}
 
 
@@ -1633,7 +1639,7 @@ def _expected_train(case: tuple) -> Output:
         model,
         lambda g: get_batch(ids, recipe.model.block_size, recipe.batch_size, g),
         lambda m, batch: m(*batch)[1],
-        TrainConfig(**{**cfg.__dict__, "seed": seed}),
+        dataclasses.replace(cfg, seed=seed),
         evaluate=None,
         progress=False,
     )
@@ -1705,8 +1711,14 @@ def generate(model, idx, max_new_tokens, temperature=1.0, greedy=False, generato
     return idx
 
 
-def _wrong_generate(position=-1, crop="last", only_new=False, last_token=False, tau="divide",
-                    uses_generator=True) -> Callable:  # fmt: skip
+def _wrong_generate(
+    position: int = -1,
+    crop: str = "last",
+    only_new: bool = False,
+    last_token: bool = False,
+    tau: str = "divide",
+    uses_generator: bool = True,
+) -> Callable:
     """A generation loop with one typical mistake."""
 
     def wrong(model, idx, max_new_tokens, temperature=1.0, greedy=False, generator=None):
@@ -1718,9 +1730,8 @@ def _wrong_generate(position=-1, crop="last", only_new=False, last_token=False, 
                 if greedy:
                     nxt = logits.argmax(dim=-1, keepdim=True)
                 else:
-                    z = {"divide": logits / temperature, "times": logits * temperature}.get(
-                        tau, logits
-                    )
+                    scaled = {"divide": logits / temperature, "times": logits * temperature}
+                    z = scaled.get(tau, logits)  # tau="ignore": the temperature is left out
                     nxt = torch.multinomial(
                         torch.softmax(z, dim=-1), 1, generator=generator if uses_generator else None
                     )
@@ -1795,7 +1806,7 @@ def _generated(answer: Any, model: nn.Module, idx: Tensor, n: int, options: dict
 
 def _observe_generate(answer: Any, case: tuple) -> Output:
     config, idx, n, options = case
-    model = package_gpt(config)
+    model = copy.deepcopy(package_gpt(config))  # the answer may change its mode or its device
     out = _generated(answer, model, idx, n, options)
     if options.get("seed") is not None:
         again = _generated(answer, model, idx, n, options)
@@ -1867,14 +1878,9 @@ class KVCache:
 class _Cache(KVCache):
     """Wrong caches: one attribute per mistake."""
 
-    axis, returns_all, counts_updates, keys_twice, new_first, keeps = (
-        2,
-        True,
-        False,
-        False,
-        False,
-        True,
-    )
+    axis = 2  # the axis the cache grows along
+    returns_all = keeps = True
+    counts_updates = keys_twice = new_first = False
 
     def __init__(self):
         super().__init__()
@@ -1888,9 +1894,12 @@ class _Cache(KVCache):
         if self.K is None or not self.keeps:
             self.K, self.V = K_new, V_new
         else:
-            old_new = ((K_new, self.K), (V_new, self.V)) if self.new_first else (
-                (self.K, K_new), (self.V, V_new))  # fmt: skip
-            self.K, self.V = (torch.cat(pair, dim=self.axis) for pair in old_new)
+            if self.new_first:
+                self.K = torch.cat([K_new, self.K], dim=self.axis)
+                self.V = torch.cat([V_new, self.V], dim=self.axis)
+            else:
+                self.K = torch.cat([self.K, K_new], dim=self.axis)
+                self.V = torch.cat([self.V, V_new], dim=self.axis)
         K, V = (self.K, self.V) if self.returns_all else (K_new, V_new)
         return (K, K) if self.keys_twice else (K, V)
 
