@@ -55,6 +55,9 @@ def test_every_reference_solution_passes_its_checker(name):
 def test_mistakes_differ_from_the_solution_on_every_trial(name):
     """A mistake that equals the solution on some input would let a wrong answer pass that trial."""
     ex = tc.exercises._get(name)
+    if type(ex) is not tc.exercises.Exercise:  # a checker of whole modules (labs 4, 7, 8, 9)
+        pytest.skip(f"{type(ex).__name__}: its chapter's tests prove its mistakes differ")
+    assert ex.trials > 0, f"{name} runs no trial"
     for trial in range(ex.trials):
         args = ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
         expected = ex.solution(*args)

@@ -65,7 +65,7 @@ def turner_attention(
     ``eq-mh-turner-A``). The exponent is :math:`\mathbf{k}_{n'}^\top\mathbf{q}_n`, the corrected form of
     the one his eq. 3 prints (see *Where the sources differ*).
 
-    Implements: eq-turner-attention, eq-mh-turner-A
+    Implements: eq-turner-attention, eq-mh-turner-A, eq-turner-eq3-fixed
 
     .. math:: A_{n',n} = \frac{\exp\big(\mathbf{k}_{n'}^\top \mathbf{q}_n \, s\big)}
               {\sum_{n''=1}^{N} \exp\big(\mathbf{k}_{n''}^\top \mathbf{q}_n \, s\big)},\qquad
