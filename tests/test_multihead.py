@@ -280,7 +280,6 @@ def test_param_count_accepts_a_tuple_of_ints():
 # The layer exercise (Lab 4, section 3): the learner's nn.Module, checked with the package's weights
 
 
-
 def _layer_case(trial):
     ex = tc.exercises._get("multihead.layer")
     return ex, *ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
