@@ -4,14 +4,16 @@
     python bench/claims.py --claim tied_qk --setting large    # one claim
     python bench/claims.py --claim scale --seeds 5 6 7        # other seeds
     python bench/claims.py --quick                            # every claim, 2 steps, 2 seeds (tests)
+    python bench/claims.py --setting large --lr 0.004         # every claim at another learning rate
 
 Runs ``tc.claims.CLAIMS[name]`` with the settings fixed in ``tc.claims.SETTINGS`` (``small`` or
 ``large``; the seeds are the setting's unless ``--seeds`` is given) and prints every seed's figures,
 the per-claim tables and the paired comparisons. The last line is one JSON object: ``claims`` maps each
 claim to its :class:`ClaimResult` (every run). ``make``-style use: store it as
 ``bench/results/cpu/claims.json`` (all claims) or ``bench/results/cpu/claims/<name>.json`` (one claim,
-which the chapter prefers to the same claim in ``claims.json``). Target: the large setting of every
-claim within 20 minutes (``total_seconds``).
+which the chapter prefers to the same claim in ``claims.json``); with ``--lr``, as
+``bench/results/cpu/claims-lr/lr<rate>.json`` (``make bench-long`` records ``tc.claims.LR_GRID``).
+Target: the large setting of every claim within 20 minutes (``total_seconds``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the setting's")
     parser.add_argument("--steps", type=int, default=None, help="fewer steps (smoke tests)")
     parser.add_argument("--quick", action="store_true", help="small setting, 2 steps, seeds 0 1")
+    parser.add_argument(
+        "--lr", type=float, default=None, help="peak learning rate (default: the setting's)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
@@ -44,12 +49,13 @@ def main() -> None:
     device = tc.default_device(args.device)
     names = list(CLAIMS) if args.claim == "all" else [args.claim]
     print(f"machine: {machine(device)}")
-    print(f"setting: {tc.claims.SETTINGS[args.setting]}")
+    setting = args.setting if args.lr is None else tc.claims.at_rate(args.setting, args.lr)
+    print(f"setting: {tc.claims._recipe(setting)}")
     t0 = time.perf_counter()
     results = {}
     for name in names:
         result = CLAIMS[name](
-            setting=args.setting, seeds=args.seeds, device=device, steps=args.steps, log=print
+            setting=setting, seeds=args.seeds, device=device, steps=args.steps, log=print
         )
         print(result.table())
         for variant in result.variants[1:]:
@@ -63,6 +69,7 @@ def main() -> None:
             "device": str(device),
             "machine": machine(device),
             "setting": args.setting,
+            "lr": tc.claims._recipe(setting).train.lr,
             "steps": args.steps,
             "seeds": args.seeds,
             "total_seconds": round(total, 1),

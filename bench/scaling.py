@@ -11,6 +11,8 @@ clipping, the recipe's 100 warm-up steps) with a GPT of width ``d_model`` and ``
 budgets are 160, 320 and 640 steps (0.66, 1.3 and 2.6 million tokens).
 ``tc.training.scaling_analysis`` then fits book eq. ``eq-train-power``, L = a N^(-alpha) + c, per
 budget and predicts two sizes left out of the fit.
+The two held-out sizes are also trained at the largest budget with ``--noise-seeds`` (default 1 and 2),
+so that the error of a prediction can be set beside the seed-to-seed spread of the loss it predicts.
 Targets: the whole study within 15 minutes, and the size left out in the middle predicted to within
 0.05 nats. The last line is one JSON object (``bench/results/cpu/scaling.json``).
 """
@@ -33,6 +35,7 @@ BUDGETS = [160, 320, 640]  # steps
 QUICK_SIZES = [(16, 1), (32, 1), (48, 1), (64, 1)]
 QUICK_BUDGETS = [8]
 QUICK_WARMUP = 2
+NOISE_SEEDS = [1, 2]
 EVAL_BATCHES = 20
 TARGETS = {"total_seconds": ["<=", 900], "interpolation_error_abs": ["<=", 0.05]}
 
@@ -43,6 +46,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one short budget")
     parser.add_argument("--budgets", type=int, nargs="+", default=None, help="steps (default: all)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--noise-seeds",
+        type=int,
+        nargs="*",
+        default=None,
+        help="other seeds for the held-out sizes (default: 1 2; none with --quick)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
     if args.threads:
@@ -50,39 +60,52 @@ def main() -> None:
     device = tc.default_device(args.device)
     sizes, budgets = (QUICK_SIZES, QUICK_BUDGETS) if args.quick else (SIZES, BUDGETS)
     budgets = args.budgets or budgets
+    noise_seeds = (
+        ([] if args.quick else NOISE_SEEDS) if args.noise_seeds is None else args.noise_seeds
+    )
     print(f"machine: {machine(device)}")
-    runs, t0 = [], time.perf_counter()
+    t0 = time.perf_counter()
+
+    def one_run(d_model: int, n_layers: int, steps: int, seed: int) -> dict:
+        recipe = scaled_recipe(
+            d_model, n_layers, steps, warmup_steps=QUICK_WARMUP if args.quick else None,
+            eval_batches=EVAL_BATCHES,
+        )  # fmt: skip
+        run = train_char_lm(recipe, device, seed=seed)
+        c = run.model.config
+        params = run.model.num_params()
+        tokens = run.history.steps_done * recipe.batch_size * c.block_size
+        r = {
+            "d_model": d_model,
+            "n_layers": n_layers,
+            "seed": seed,
+            "params": params,
+            "params_non_embedding": params - (c.vocab_size + c.block_size) * d_model,
+            "steps": run.history.steps_done,
+            "tokens": tokens,
+            "flops": 6 * params * tokens,  # Kaplan et al.'s estimate, C = 6 N tokens
+            "val_loss": round(run.val_loss, 4),
+            "train_seconds": round(run.history.seconds, 2),
+        }
+        print(
+            f"D={d_model:4d} L={n_layers} |theta|={params:>9,} steps={steps:4d} seed={seed} "
+            f"val_loss={r['val_loss']:.4f} ({r['train_seconds']:.1f} s)",
+            flush=True,
+        )
+        return r, recipe
+
+    runs = []
     for steps in budgets:
         for d_model, n_layers in sizes:
-            recipe = scaled_recipe(
-                d_model, n_layers, steps, warmup_steps=QUICK_WARMUP if args.quick else None,
-                eval_batches=EVAL_BATCHES,
-            )  # fmt: skip
-            run = train_char_lm(recipe, device, seed=args.seed)
-            c = run.model.config
-            params = run.model.num_params()
-            tokens = run.history.steps_done * recipe.batch_size * c.block_size
-            runs.append(
-                {
-                    "d_model": d_model,
-                    "n_layers": n_layers,
-                    "params": params,
-                    "params_non_embedding": params - (c.vocab_size + c.block_size) * d_model,
-                    "steps": run.history.steps_done,
-                    "tokens": tokens,
-                    "flops": 6 * params * tokens,  # Kaplan et al.'s estimate, C = 6 N tokens
-                    "val_loss": round(run.val_loss, 4),
-                    "train_seconds": round(run.history.seconds, 2),
-                }
-            )
-            r = runs[-1]
-            print(
-                f"D={d_model:4d} L={n_layers} |theta|={params:>9,} steps={steps:4d} "
-                f"val_loss={r['val_loss']:.4f} ({r['train_seconds']:.1f} s)",
-                flush=True,
-            )
-    total = time.perf_counter() - t0
+            r, recipe = one_run(d_model, n_layers, steps, args.seed)
+            runs.append(r)
     analysis = scaling_analysis(runs)
+    noise_runs = []  # the held-out sizes at the largest budget, trained with other seeds
+    for h in analysis["held_out"].values():
+        size = next(r for r in runs if r["params"] == h["params"] and r["steps"] == budgets[-1])
+        for seed in noise_seeds:
+            noise_runs.append(one_run(size["d_model"], size["n_layers"], budgets[-1], seed)[0])
+    total = time.perf_counter() - t0
     for steps, fit in analysis["fits"].items():
         print(
             f"fit at {steps} steps: L = {fit['a']:.3g} N^-{fit['alpha']:.3f} + {fit['c']:.3f} "
@@ -108,6 +131,7 @@ def main() -> None:
             "warmup_steps": recipe.train.warmup_steps,
             "lr": recipe.train.lr,
             "runs": runs,
+            "noise_runs": noise_runs,
             "fits": {str(k): v for k, v in analysis["fits"].items()},
             "held_out": held,
             "interpolation_error_abs": abs(held["interpolation"]["error"]) if held else None,

@@ -61,6 +61,7 @@ __all__ = [
     "CLAIMS",
     "EMBEDDING_STD",
     "LARGE",
+    "LR_GRID",
     "POSITION_SCHEMES",
     "SETTINGS",
     "SMALL",
@@ -82,10 +83,14 @@ __all__ = [
     "UnscaledSelfAttention",
     "Variant",
     "added_vs_concatenated",
+    "at_best_rates",
+    "at_rate",
     "attention_maps",
+    "best_rates",
     "fc2_gradient_norms",
     "layernorm_vs_batchnorm",
     "length_generalisation",
+    "load_lr_grid",
     "load_recorded",
     "loss_by_position",
     "normalised_entropy",
@@ -719,6 +724,28 @@ LARGE = ClaimsRecipe(
 )  # fmt: skip
 """``bench/claims.py --setting large``: the recorded runs the chapter concludes from."""
 SETTINGS = {"small": SMALL, "large": LARGE}
+LR_GRID = (4e-3, 8e-3, 1.6e-2)
+"""The learning rates every arm of the large setting is also trained at (``bench/claims.py --lr``):
+the recipe's rate and a factor of two either side, a log grid as in a learning-rate sweep. The chapter
+compares arms at their own best rate of the three (:func:`at_best_rates`)."""
+
+
+def at_rate(setting: str | ClaimsRecipe, lr: float) -> ClaimsRecipe:
+    """The setting with its peak learning rate replaced by ``lr`` (the schedule's shape unchanged)."""
+    if not lr > 0 or not math.isfinite(lr):
+        raise ValueError(f"the learning rate must be a positive number, got {lr}")
+    recipe = _recipe(setting)
+    return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, lr=lr))
+
+
+def _setting_name(recipe: ClaimsRecipe) -> str:
+    """``large``, or ``large, lr 0.004`` for a named setting at another rate, or ``custom``."""
+    for name, named in SETTINGS.items():
+        if recipe == named:
+            return name
+        if recipe == at_rate(named, recipe.train.lr):
+            return f"{name}, lr {recipe.train.lr:g}"
+    return "custom"
 
 
 def _recipe(setting: str | ClaimsRecipe) -> ClaimsRecipe:
@@ -999,7 +1026,7 @@ def run_variants(
                 shown = "diverged" if figure is None else f"{figure:.4f}"
                 log(f"{claim} | {v.name} | seed {seed}: {metric}={shown} ({seconds:.1f} s)")
     return ClaimResult(
-        claim=claim, setting=next((k for k, r in SETTINGS.items() if r == recipe), "custom"),
+        claim=claim, setting=_setting_name(recipe),
         metric=metric, baseline=names[0], variants=names, runs=runs, machine=machine(device),
         device=str(device), seconds=round(time.perf_counter() - t_start, 2),
         recipe=json.loads(json.dumps(dataclasses.asdict(recipe) | {"steps": tcfg.max_steps})),
@@ -1299,6 +1326,70 @@ def load_recorded(root: str | pathlib.Path, device: str = "cpu") -> dict[str, Cl
                 commit=str(data.get("commit", "")), date=str(data.get("date", "")),
             )  # fmt: skip
     return found
+
+
+def load_lr_grid(
+    root: str | pathlib.Path, device: str = "cpu"
+) -> dict[str, dict[float, ClaimResult]]:
+    """Every recorded learning rate of every claim: ``{claim: {lr: ClaimResult}}``, from the recorded
+    runs (:func:`load_recorded`, the recipe's rate) and ``bench/results/<device>/claims-lr/*.json``
+    (``bench/claims.py --lr``, one file per rate). The rate is read from each result's recipe."""
+    grid: dict[str, dict[float, ClaimResult]] = {}
+    for name, result in load_recorded(root, device).items():
+        grid.setdefault(name, {})[float(result.recipe["train"]["lr"])] = result
+    for path in sorted(
+        (pathlib.Path(root) / "bench" / "results" / device / "claims-lr").glob("*.json")
+    ):
+        data = json.loads(path.read_text())
+        for name, raw in data["claims"].items():
+            result = dataclasses.replace(
+                ClaimResult.from_json(raw), commit=str(data.get("commit", "")),
+                date=str(data.get("date", "")),
+            )  # fmt: skip
+            grid.setdefault(name, {})[float(result.recipe["train"]["lr"])] = result
+    return grid
+
+
+def _mean_or_inf(values: Mapping[int, Any]) -> float:
+    """The mean over the seeds, or ``inf`` if any run diverged (a rate that diverges is not best)."""
+    if not values or any(v is None for v in values.values()):
+        return math.inf
+    return sum(values.values()) / len(values)
+
+
+def best_rates(grid: Mapping[float, ClaimResult], key: str | None = None) -> dict[str, float]:
+    """Each variant's best learning rate in ``grid`` (``{lr: ClaimResult}`` of one claim): the rate
+    with the lowest mean figure over the seeds, a rate where a run diverged never being chosen. Only
+    variants recorded at every rate are ranked; ties go to the smaller rate."""
+    results = [grid[lr] for lr in sorted(grid)]
+    if not results:
+        raise ValueError("the grid is empty: record the claim at some rate first")
+    variants = [v for v in results[0].variants if all(v in r.variants for r in results)]
+    best = {}
+    for v in variants:
+        means = {lr: _mean_or_inf(grid[lr].values(v, key)) for lr in sorted(grid)}
+        best[v] = min(means, key=lambda lr: (means[lr], lr))
+    return best
+
+
+def at_best_rates(
+    grid: Mapping[float, ClaimResult], variant: str, baseline: str, key: str | None = None,
+) -> PairedComparison:  # fmt: skip
+    """``variant`` at its own best rate against ``baseline`` at its own (:func:`best_rates`), seed by
+    seed. The rate is chosen on the same runs that are then compared, so the winner of each arm's
+    grid is slightly flattered (both arms equally, when their grids are equally wide)."""
+    best = best_rates(grid, key)
+    for v in (variant, baseline):
+        if v not in best:
+            raise KeyError(
+                f"{v!r} is not recorded at every rate of {sorted(grid)}; ranked: {sorted(best)}"
+            )
+    first = grid[best[baseline]]
+    runs = [r for r in first.runs if r.variant == baseline] + [
+        r for r in grid[best[variant]].runs if r.variant == variant
+    ]
+    merged = dataclasses.replace(first, variants=[baseline, variant], baseline=baseline, runs=runs)
+    return merged.compare(variant, baseline, key)
 
 
 def plot_seeds(
