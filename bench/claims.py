@@ -49,8 +49,9 @@ def main() -> None:
     device = tc.default_device(args.device)
     names = list(CLAIMS) if args.claim == "all" else [args.claim]
     print(f"machine: {machine(device)}")
-    setting = args.setting if args.lr is None else tc.claims.at_rate(args.setting, args.lr)
-    print(f"setting: {tc.claims._recipe(setting)}")
+    setting = tc.claims.SETTINGS[args.setting]
+    setting = setting if args.lr is None else tc.claims.at_rate(setting, args.lr)
+    print(f"setting: {setting}")
     t0 = time.perf_counter()
     results = {}
     for name in names:
@@ -69,7 +70,7 @@ def main() -> None:
             "device": str(device),
             "machine": machine(device),
             "setting": args.setting,
-            "lr": tc.claims._recipe(setting).train.lr,
+            "lr": setting.train.lr,
             "steps": args.steps,
             "seeds": args.seeds,
             "total_seconds": round(total, 1),

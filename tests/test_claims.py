@@ -432,15 +432,16 @@ def test_a_diverged_run_is_recorded_and_left_out_of_the_comparison():
 
 
 def test_schedule_keeps_the_warmup_share_or_drops_it():
-    t = cl._schedule(cl.LARGE, None, warmup=True, seed=3)
+    t = cl.recipes._schedule(cl.LARGE, None, warmup=True, seed=3)
     assert (t.max_steps, t.warmup_steps, t.eval_interval, t.seed) == (400, 40, 400, 3)
-    assert cl._schedule(cl.LARGE, 100, warmup=True, seed=0).warmup_steps == 10
-    assert cl._schedule(cl.LARGE, 100, warmup=False, seed=0).warmup_steps == 0
+    assert cl.recipes._schedule(cl.LARGE, 100, warmup=True, seed=0).warmup_steps == 10
+    assert cl.recipes._schedule(cl.LARGE, 100, warmup=False, seed=0).warmup_steps == 0
     assert (
-        tc.train.lr_at(0, cl._schedule(cl.LARGE, None, warmup=False, seed=0)) == cl.LARGE.train.lr
+        tc.train.lr_at(0, cl.recipes._schedule(cl.LARGE, None, warmup=False, seed=0))
+        == cl.LARGE.train.lr
     )
     with pytest.raises(ValueError, match="steps must be >= 1"):
-        cl._schedule(cl.LARGE, 0, warmup=True, seed=0)
+        cl.recipes._schedule(cl.LARGE, 0, warmup=True, seed=0)
 
 
 def test_recorded_results_are_read_and_a_claim_file_wins(tmp_path):

@@ -1,0 +1,100 @@
+"""Extensions: what modern transformers change, each part proven equal to its definition.
+
+Chapter: *Extensions* (it fills the empty "Extensions" section of the Jupyter Book retelling of Turner
+2023, and follows Turner's sec. 3 pointer to encodings that bring relative positions into attention).
+Each part is a small function or class, with a reference that reads like its equation:
+
+* norms and MLPs: :class:`RMSNorm` (Zhang & Sennrich 2019), gated MLPs and :class:`SwiGLU`
+  (Dauphin et al. 2017; Shazeer 2020), sized by :func:`swiglu_hidden` to the GELU MLP's parameters;
+* positions inside attention: rotary embeddings (:func:`apply_rope`, :class:`RotaryEmbedding`; Su et
+  al. 2024) and linear biases (:func:`alibi_attention`; Press et al. 2022);
+* fewer key-value heads: :class:`GroupedQueryAttention` (Shazeer 2019; Ainslie et al. 2023) and the
+  size of its cache, :func:`kv_cache_bytes`;
+* exact attention in less memory: :func:`online_softmax` (Milakov & Gimelshein 2018) and
+  :func:`tiled_attention` (Dao et al. 2022), with :func:`largest_intermediate` and
+  :func:`peak_memory` to measure what they save;
+* local attention: :func:`sliding_window_mask` for :class:`.multihead.SelfAttention`, and the banded
+  :func:`sliding_window_attention`;
+* a modern GPT assembled from these parts (:class:`ModernGPT`: RMSNorm, SwiGLU, RoPE, no position
+  table; Touvron et al. 2023), reusing the course's pre-norm block, stack, GPT and training loop.
+
+Rows are tokens. Comparisons with PyTorch's own modules that newer versions added (``nn.RMSNorm``
+in 2.4, ``enable_gqa`` in 2.5) go through :func:`torch_lacks`, which says why a check is skipped on an
+older torch; nothing here requires them.
+"""
+
+from __future__ import annotations
+
+from .alibi import alibi_attention, alibi_attention_reference, alibi_bias, alibi_slopes
+from .flash import largest_intermediate, online_softmax, peak_memory, tiled_attention
+from .gated_mlp import GATES, GatedMLP, SwiGLU, gated_mlp_reference, swiglu_hidden
+from .grouped_query import GroupedQueryAttention, gqa_reference, kv_cache_bytes, repeat_kv
+from .modern_gpt import (
+    MODERN_CPU,
+    MODERN_CPU_RECIPE,
+    ModernBlock,
+    ModernGPT,
+    ModernGPTConfig,
+    RotaryBlock,
+    rope_scheme,
+    train_modern_lm,
+)
+from .norms import RMSNorm, rms_norm_reference
+from .rope import (
+    RotaryEmbedding,
+    apply_rope,
+    apply_rope_complex,
+    apply_rope_halves,
+    apply_rope_reference,
+    rope_frequencies,
+    rope_rotation_matrix,
+)
+from .sliding_window import (
+    sliding_window_attention,
+    sliding_window_attention_reference,
+    sliding_window_edges,
+    sliding_window_mask,
+)
+from .versions import torch_lacks
+
+__all__ = [
+    "GATES",
+    "MODERN_CPU",
+    "MODERN_CPU_RECIPE",
+    "GatedMLP",
+    "GroupedQueryAttention",
+    "ModernBlock",
+    "ModernGPT",
+    "ModernGPTConfig",
+    "RMSNorm",
+    "RotaryBlock",
+    "RotaryEmbedding",
+    "SwiGLU",
+    "alibi_attention",
+    "alibi_attention_reference",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
+    "apply_rope_complex",
+    "apply_rope_halves",
+    "apply_rope_reference",
+    "gated_mlp_reference",
+    "gqa_reference",
+    "kv_cache_bytes",
+    "largest_intermediate",
+    "online_softmax",
+    "peak_memory",
+    "repeat_kv",
+    "rms_norm_reference",
+    "rope_frequencies",
+    "rope_rotation_matrix",
+    "rope_scheme",
+    "sliding_window_attention",
+    "sliding_window_attention_reference",
+    "sliding_window_edges",
+    "sliding_window_mask",
+    "swiglu_hidden",
+    "tiled_attention",
+    "torch_lacks",
+    "train_modern_lm",
+]
