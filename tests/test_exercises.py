@@ -152,3 +152,30 @@ def test_feedback_reads_well():
     )
     assert str(fb).startswith("✅ notation.row_self_attention: matches the reference")
     assert math.isfinite(len(repr(fb)))
+
+
+def test_a_known_mistake_that_gives_nan_is_named_not_reported_as_nan():
+    """A mistake may itself produce NaN (e.g. a mask that hides every key of a row): the checker
+    matches it, NaN for NaN, before falling back to the generic NaN message."""
+
+    def masked_softmax(S):
+        return torch.softmax(S.masked_fill(torch.eye(len(S), dtype=torch.bool), -math.inf), -1)
+
+    def every_key_hidden(S):  # the mask inverted on the last row: that row is all -inf
+        hide = ~torch.eye(len(S), dtype=torch.bool)
+        hide[-1] = True
+        return torch.softmax(S.masked_fill(hide, -math.inf), -1)
+
+    ex = Exercise(
+        name="test.nan_mistake",
+        prompt="",
+        solution=masked_softmax,
+        make_inputs=lambda gen, trial: (torch.randn(4, 4, generator=gen, dtype=torch.float64),),
+        mistakes=[tc.exercises.Mistake("every key of the last row hidden", every_key_hidden)],
+    )
+    assert ex.check(every_key_hidden).message.startswith("every key of the last row hidden")
+
+    def other_nan(S):
+        return masked_softmax(S) * float("nan")
+
+    assert "NaN" in ex.check(other_nan).message

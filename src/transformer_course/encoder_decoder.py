@@ -9,6 +9,7 @@ human-written dates into ISO dates, is :class:`.data.DateTask`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,8 +38,11 @@ __all__ = [
     "DecoderBlock",
     "Seq2Seq",
     "Seq2SeqConfig",
+    "beam_search",
     "decoder_mask",
     "exact_match",
+    "exhaustive_search",
+    "length_penalty",
     "train_dates",
 ]
 
@@ -302,6 +306,173 @@ class Seq2Seq(nn.Module):
             )
         if ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
             raise ValueError(f"{name} ids must lie in [0, {vocab})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Beam search with length normalisation (Wu et al. 2016 sec. 7)
+
+
+def length_penalty(length: Tensor, alpha: float) -> Tensor:
+    r"""Wu et al. (2016)'s length penalty :math:`\mathrm{lp}_\alpha(|y|) = ((5 + |y|)/6)^\alpha`,
+    where ``length`` counts the generated tokens, EOS included and BOS not."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _check_beam_args(
+    model: Seq2Seq, src: Tensor, beam_size: int, max_len: int, alpha: float
+) -> None:
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(
+            f"beam_size must be a positive int (1 is greedy decoding), got {beam_size!r}"
+        )
+    most = model.config.tgt_len - 1  # BOS takes the first of the tgt_len positions
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 1 <= max_len <= most:
+        raise ValueError(
+            f"max_len counts the generated tokens (EOS included, BOS not) and must be an int in "
+            f"[1, {most}] for this model (tgt_len - 1), got {max_len!r}"
+        )
+    if (
+        isinstance(alpha, bool)
+        or not isinstance(alpha, (int, float))
+        or not 0 <= alpha < float("inf")
+    ):
+        raise ValueError(
+            f"alpha must be a finite number >= 0 (0: no length normalisation; Wu et al. 2016 use "
+            f"about 0.6), got {alpha!r}"
+        )
+    if src.dim() != 2:
+        raise ValueError(f"src must be (B, M) token ids, got shape {tuple(src.shape)}")
+
+
+@torch.no_grad()
+def beam_search(
+    model: Seq2Seq,
+    src: Tensor,
+    beam_size: int,
+    max_len: int,
+    alpha: float = 0.6,
+    *,
+    bos: int = DateTask.BOS,
+    eos: int = DateTask.EOS,
+) -> tuple[Tensor, Tensor]:
+    r"""Beam search for a trained :class:`Seq2Seq`, all sources of the batch at once; the final
+    choice is the finished hypothesis with the highest length-normalised score (Wu et al. 2016):
+
+    .. math:: \mathrm{score}_\alpha(y \mid x) = \frac{\log p(y \mid x)}{\mathrm{lp}_\alpha(|y|)},
+              \qquad \mathrm{lp}_\alpha(|y|) = \Big(\frac{5 + |y|}{6}\Big)^\alpha
+
+    Implements: eq-ed-beam-score
+
+    Every source keeps at most ``beam_size`` live hypotheses, ranked by their sum of
+    log-probabilities. Each step extends every live hypothesis by every token and keeps the
+    ``beam_size`` best extensions; those ending in ``eos`` are finished and leave the beam (which
+    narrows, as in Jurafsky and Martin's description), and at ``max_len`` generated tokens every
+    hypothesis still live is finished as it stands. The search stops when no hypothesis is live. The
+    encoder and the memory's keys and values run once per source (as in :meth:`Seq2Seq.greedy_decode`);
+    the decoder's self-attention caches are reordered after each step to follow the hypotheses kept.
+    With ``beam_size=1`` this is greedy decoding; with a beam as wide as the number of possible
+    outputs nothing is pruned and the result is the exhaustive optimum (:func:`exhaustive_search`).
+
+    Args:
+        model: the trained model (put in eval mode for the search).
+        src: ``(B, M)`` source ids, padded with ``model.config.pad_id``.
+        beam_size: live hypotheses kept per source, ``k >= 1``.
+        max_len: the most tokens generated per source, EOS included and BOS not, in
+            ``[1, tgt_len - 1]``.
+        alpha: the length penalty's exponent, ``>= 0``; ``0`` ranks by ``log p(y | x)`` alone.
+        bos, eos: the start and end tokens (those of :class:`.data.DateTask` by default).
+
+    Returns:
+        ``tokens`` ``(B, tgt_len)``, each row BOS, the chosen output and padding (as
+        :meth:`Seq2Seq.greedy_decode` returns), and ``score`` ``(B,)``, its normalised score.
+
+    Raises:
+        ValueError: ``beam_size``, ``max_len`` or ``alpha`` out of range, or ``src`` not ``(B, M)``.
+    """
+    _check_beam_args(model, src, beam_size, max_len, alpha)
+    c, k = model.config, beam_size
+    B, device = src.shape[0], src.device
+    with eval_mode(model):
+        memory, keep = model.encode(src)  # once per source
+        memory_kv = model.decoder.memory_kv(memory.repeat_interleave(k, dim=0))  # (B k, H, M, d_k)
+        keep = keep.repeat_interleave(k, dim=0)  # (B k, M): slot j of source b is row b k + j
+        caches = [KVCache(c.tgt_len) for _ in model.decoder.blocks]
+        seqs = torch.full((B, k, 1), bos, dtype=torch.long, device=device)  # live hypotheses
+        live = torch.full((B, k), -torch.inf, dtype=torch.float64, device=device)  # sum of log p
+        live[:, 0] = 0.0  # one live hypothesis to start with: BOS alone
+        best = torch.full((B,), -torch.inf, dtype=torch.float64, device=device)
+        best_seq = torch.full((B, c.tgt_len), c.pad_id, dtype=torch.long, device=device)
+        best_seq[:, 0] = bos
+        rows = torch.arange(B, device=device)[:, None]
+        for t in range(1, max_len + 1):
+            logits = model.decode(seqs[:, :, -1].reshape(B * k, 1), memory_kv, keep, caches)
+            log_p = torch.log_softmax(logits[:, -1].double(), dim=-1).view(B, k, -1)  # (B, k, V)
+            V = log_p.shape[-1]
+            total = (live[..., None] + log_p).view(B, k * V)  # dead slots stay at -inf
+            top, idx = total.topk(min(k, k * V), dim=-1)  # (B, k): the k best extensions
+            parent, token = idx // V, idx % V
+            seqs = torch.cat([seqs[rows, parent], token[..., None]], dim=-1)  # (B, k, t + 1)
+            ends = torch.isfinite(top) & ((token == eos) | (t == max_len))  # finished now
+            normed = torch.where(ends, top / length_penalty(float(t), alpha), -torch.inf)
+            better, j = normed.max(dim=-1)  # the best hypothesis finished at this step
+            take = better > best
+            best = torch.where(take, better, best)
+            best_seq[take, : t + 1] = seqs[take, j[take]]
+            live = torch.where(ends, -torch.inf, top)  # finished hypotheses leave the beam
+            if not torch.isfinite(live).any():
+                break
+            flat = (rows * k + parent).reshape(-1)  # (B k,): the row each kept hypothesis came from
+            for cache in caches:  # follow the hypotheses kept
+                cache.K, cache.V = cache.K[flat], cache.V[flat]
+    return best_seq, best
+
+
+@torch.no_grad()
+def exhaustive_search(
+    model: Seq2Seq,
+    src: Tensor,
+    max_len: int,
+    alpha: float = 0.6,
+    *,
+    bos: int = DateTask.BOS,
+    eos: int = DateTask.EOS,
+) -> tuple[Tensor, Tensor]:
+    r"""The exhaustive optimum of the normalised score: every possible output of at most ``max_len``
+    tokens, scored, the best kept. A check for :func:`beam_search` with a tiny target vocabulary (it
+    runs one full forward pass per unfinished prefix, :math:`\sum_{t < T_\text{max}} (|\mathcal{V}|
+    - 1)^t` of them).
+
+    The outputs are the leaves of the generation tree: every sequence that ends with ``eos`` within
+    ``max_len`` tokens, and every sequence of ``max_len`` tokens without one. Each is scored with the
+    whole model on its whole prefix (no cache) and with the length penalty written out. Returns what
+    :func:`beam_search` returns.
+    """
+    _check_beam_args(model, src, 1, max_len, alpha)
+    c = model.config
+    out = torch.full((src.shape[0], c.tgt_len), c.pad_id, dtype=torch.long)
+    scores = torch.empty(src.shape[0], dtype=torch.float64)
+    with eval_mode(model):
+        for b in range(src.shape[0]):
+            best, best_y = -math.inf, None
+            frontier = [([bos], 0.0)]  # unfinished prefixes and their sum of log-probabilities
+            for t in range(1, max_len + 1):
+                grown = []
+                for prefix, lp_sum in frontier:
+                    prefix_t = torch.tensor([prefix], device=src.device)
+                    logits = model(src[b : b + 1], prefix_t)[0][0, -1].double()
+                    log_p = torch.log_softmax(logits, dim=-1).tolist()
+                    for w, lw in enumerate(log_p):
+                        y, total = [*prefix, w], lp_sum + lw
+                        if w == eos or t == max_len:  # a leaf: score it
+                            score = total / ((5 + t) / 6) ** alpha
+                            if score > best:
+                                best, best_y = score, y
+                        else:
+                            grown.append((y, total))
+                frontier = grown
+            out[b, : len(best_y)] = torch.tensor(best_y)
+            scores[b] = best
+    return out.to(src.device), scores.to(src.device)
 
 
 # ---------------------------------------------------------------------------------------------------

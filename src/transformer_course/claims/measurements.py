@@ -9,28 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..language_models import attention_maps  # the one implementation, for any stack of blocks
 from ..runtime import eval_mode
 from .model import ClaimsLM
-
-
-def attention_maps(model: ClaimsLM, idx: Tensor) -> list[Tensor]:
-    """Each block's attention weights ``(B, H, N, N)`` for the token ids ``idx`` ``(B, N)``, computed
-    by each layer's own :meth:`.multihead.SelfAttention.attention_map` from the input its block hands
-    it (evaluation mode, no gradients)."""
-    inputs: list[Tensor] = []
-    hooks = [
-        blk.attn.register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
-        for blk in model.stack.blocks
-    ]
-    try:
-        with eval_mode(model):
-            model(idx)
-            return [
-                blk.attn.attention_map(X) for blk, X in zip(model.stack.blocks, inputs, strict=True)
-            ]
-    finally:
-        for h in hooks:
-            h.remove()
 
 
 def normalised_entropy(A: Tensor) -> Tensor:

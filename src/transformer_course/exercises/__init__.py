@@ -149,6 +149,10 @@ class Exercise:
                 )
             return f"wrong shape: expected {tuple(expected.shape)}, got {tuple(got.shape)}."
         if not torch.isfinite(got).all():
+            for mistake in self.mistakes:  # a known mistake may itself give NaN (a fully masked row)
+                wrong = torch.as_tensor(mistake.wrong(*args)).to(expected.dtype)
+                if _close(got, wrong, self, equal_nan=True):
+                    return mistake.why
             return "your output contains NaN or inf; look for exp() overflow or a division by zero."
         if _close(got, expected, self):
             return None
@@ -180,8 +184,10 @@ class Exercise:
         )
 
 
-def _close(a: Tensor, b: Tensor, ex: Exercise) -> bool:
-    return a.shape == b.shape and torch.allclose(a, b.to(a.dtype), atol=ex.atol, rtol=ex.rtol)
+def _close(a: Tensor, b: Tensor, ex: Exercise, equal_nan: bool = False) -> bool:
+    return a.shape == b.shape and torch.allclose(
+        a, b.to(a.dtype), atol=ex.atol, rtol=ex.rtol, equal_nan=equal_nan
+    )
 
 
 def _sizes(args: tuple) -> str:

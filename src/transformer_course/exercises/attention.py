@@ -103,28 +103,28 @@ def normalise_scores(S: Tensor) -> Tensor:
 
 
 def _kernel_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
-    K, N = ((3, 6), (5, 8), (4, 7))[trial % 3]  # an odd, a longer odd, and an even kernel
-    return randn(gen, K), N
+    J, N = ((3, 6), (5, 8), (4, 7))[trial % 3]  # an odd, a longer odd, and an even kernel
+    return randn(gen, J), N
 
 
 def _toeplitz(kernel: Tensor, N: int, shift: int, flip: bool = False) -> Tensor:
-    K = kernel.numel()
+    J = kernel.numel()
     taps = kernel.flip(0) if flip else kernel
     A = torch.zeros(N, N, dtype=kernel.dtype)
     for n in range(N):
         for m in range(N):
             j = m - n + shift
-            if 0 <= j < K:
+            if 0 <= j < J:
                 A[n, m] = taps[j]
     return A
 
 
 def _circular(kernel: Tensor, N: int) -> Tensor:
-    K, c = kernel.numel(), (kernel.numel() - 1) // 2
+    J, j0 = kernel.numel(), (kernel.numel() - 1) // 2
     A = torch.zeros(N, N, dtype=kernel.dtype)
     for n in range(N):
-        for j in range(K):
-            A[n, (n + j - c) % N] += kernel[j]
+        for j in range(J):
+            A[n, (n + j - j0) % N] += kernel[j]
     return A
 
 
@@ -132,25 +132,25 @@ def _circular(kernel: Tensor, N: int) -> Tensor:
     name="attention.convolution_matrix",
     prompt=(
         "Build the (N, N) attention matrix of a 1-D convolution (as F.conv1d computes it, padding="
-        "'same', zeros beyond the ends): A[n, m] = kernel[m - n + c] with c = (K - 1) // 2, and 0 "
-        "where m - n + c is not in 0..K-1. Then A @ x is the convolution of x with the kernel."
+        "'same', zeros beyond the ends): A[n, m] = kernel[m - n + j0] with j0 = (J - 1) // 2, and 0 "
+        "where m - n + j0 is not in 0..J-1. Then A @ x is the convolution of x with the kernel."
     ),
     make_inputs=_kernel_inputs,
     mistakes=[
         Mistake(
             "your kernel is flipped: that is a convolution in the signal-processing sense, "
-            "A[n, m] = kernel[n - m + c]. F.conv1d (and Turner's A_{n',n} = A_{n'-n}) does not flip: "
-            "use kernel[m - n + c].",
+            "A[n, m] = kernel[n - m + j0]. F.conv1d (and Turner's A_{n',n} = A_{n'-n}) does not flip: "
+            "use kernel[m - n + j0].",
             lambda k, N: _toeplitz(k, N, (k.numel() - 1) // 2, flip=True),
         ),
         Mistake(
             "the kernel is not centred: you used kernel[m - n], so output n only reads inputs "
-            "n..n+K-1. Shift by c = (K - 1) // 2: kernel[m - n + c].",
+            "n..n+J-1. Shift by j0 = (J - 1) // 2: kernel[m - n + j0].",
             lambda k, N: _toeplitz(k, N, 0),
         ),
         Mistake(
-            "the kernel is centred on the wrong tap: for an even K, PyTorch's 'same' padding puts the "
-            "extra tap on the right, c = (K - 1) // 2, not K // 2.",
+            "the kernel is centred on the wrong tap: for an even J, PyTorch's 'same' padding puts the "
+            "extra tap on the right, j0 = (J - 1) // 2, not J // 2.",
             lambda k, N: _toeplitz(k, N, k.numel() // 2),
         ),
         Mistake(
@@ -161,13 +161,13 @@ def _circular(kernel: Tensor, N: int) -> Tensor:
     ],
 )
 def convolution_matrix(kernel: Tensor, N: int) -> Tensor:
-    K = kernel.numel()
-    c = (K - 1) // 2  # the centre tap (the left middle one when K is even)
+    J = kernel.numel()
+    j0 = (J - 1) // 2  # the centre tap (the left middle one when J is even)
     A = torch.zeros(N, N, dtype=kernel.dtype)
     for n in range(N):
         for m in range(N):
-            j = m - n + c  # which tap links output n to input m
-            if 0 <= j < K:
+            j = m - n + j0  # which tap links output n to input m
+            if 0 <= j < J:
                 A[n, m] = kernel[j]
     return A  # every row is the kernel shifted by one place: a Toeplitz matrix
 

@@ -6,8 +6,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
+from ..block import PreNormBlock
+from ..multihead import SelfAttention, merge_heads
 from ..runtime import shape_of as _shape
 from ..self_attention import _check_qkv, causal_mask
 
@@ -73,10 +75,13 @@ def alibi_attention_reference(Q: Tensor, K: Tensor, V: Tensor, slopes: Tensor) -
     return Y
 
 
-def alibi_attention(Q: Tensor, K: Tensor, V: Tensor, slopes: Tensor) -> Tensor:
+def alibi_attention(
+    Q: Tensor, K: Tensor, V: Tensor, slopes: Tensor, dropout_p: float = 0.0
+) -> Tensor:
     """Causal attention with linear biases, book eq. ``eq-ext-alibi``: one fused call of
     ``F.scaled_dot_product_attention`` with the biases and the causal mask as one float mask. Same
-    arguments and result as :func:`alibi_attention_reference`.
+    arguments and result as :func:`alibi_attention_reference`; ``dropout_p`` drops attention weights
+    (training only: the caller decides).
 
     Implements: eq-ext-alibi
     """
@@ -84,4 +89,73 @@ def alibi_attention(Q: Tensor, K: Tensor, V: Tensor, slopes: Tensor) -> Tensor:
     N, M = Q.shape[-2], K.shape[-2]
     bias = alibi_bias(N, slopes, M).to(Q.dtype)  # (H, N, M)
     bias = bias.masked_fill(~causal_mask(N, M, device=Q.device), float("-inf"))
-    return F.scaled_dot_product_attention(Q, K, V, attn_mask=bias)
+    return F.scaled_dot_product_attention(Q, K, V, attn_mask=bias, dropout_p=dropout_p)
+
+
+class ALiBiSelfAttention(SelfAttention):
+    r""":class:`.multihead.SelfAttention` whose heads add ALiBi's biases :math:`-\xi_h (n - m)` to
+    their scores (book eq. ``eq-ext-alibi``, by :func:`alibi_attention`); the projections, the
+    parameters, the key-value cache and ``forward`` are inherited unchanged. Always causal (Press et
+    al. define the biases for a causal model); the slopes :func:`alibi_slopes` are a buffer, not
+    learned. ``forward(X (B, N, D), mask=None, cache) -> (B, N, D)`` for any ``N``.
+
+    Implements: eq-ext-alibi
+    """
+
+    def __init__(
+        self, d_model: int, H: int, causal: bool = True, bias: bool = True, dropout: float = 0.0
+    ) -> None:
+        if not causal:
+            raise ValueError(
+                "ALiBi's biases -xi_h (n - m) are defined for causal attention (m <= n); build "
+                "ALiBiSelfAttention with causal=True, or use SelfAttention for an encoder"
+            )
+        super().__init__(d_model, H, True, bias, dropout)
+        self.register_buffer("slopes", alibi_slopes(H).float(), persistent=False)  # (H,)
+
+    @staticmethod
+    def _no_mask(mask: Tensor | None) -> None:
+        if mask is not None:
+            raise ValueError(
+                "ALiBiSelfAttention takes no extra mask (its causal mask and biases are built in); "
+                "pass mask=None"
+            )
+
+    def attend(self, Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Every head attends with its linear biases (the ``N`` queries being the last ``N`` of the
+        ``M`` keys, as with a cache), then ``W_o`` mixes the heads: ``(B, N, D)``."""
+        self._no_mask(mask)
+        p = self.dropout if self.training else 0.0
+        Y = alibi_attention(Q, K, V, self.slopes, p)  # (B, H, N, d_k)
+        return self.out_proj(merge_heads(Y))  # (B, N, D)
+
+    def weights_of(self, Q: Tensor, K: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Every head's attention weights ``(B, H, N, M)``, biases and causal mask included."""
+        self._no_mask(mask)
+        N, M = Q.shape[-2], K.shape[-2]
+        S = Q.detach() @ K.detach().mT / math.sqrt(Q.shape[-1])  # (B, H, N, M)
+        S = S + alibi_bias(N, self.slopes, M).to(S)
+        return torch.softmax(S.masked_fill(~causal_mask(N, M, device=Q.device), float("-inf")), -1)
+
+
+class ALiBiBlock(PreNormBlock):
+    """:class:`.block.PreNormBlock` with :class:`ALiBiSelfAttention` and nothing else changed
+    (LayerNorm, the GELU MLP, biases): the block that isolates ALiBi in the length-generalisation
+    experiment of chapter *Claims* (:func:`alibi_scheme`), as :class:`.RotaryBlock` isolates RoPE.
+    Causal unless told otherwise (``causal=False`` is refused)."""
+
+    def __init__(self, d_model: int, H: int, **kwargs) -> None:
+        kwargs.setdefault("causal", True)
+        super().__init__(d_model, H, **kwargs)
+        self.attn = ALiBiSelfAttention(
+            d_model, H, kwargs["causal"], dropout=kwargs.get("dropout", 0.0)
+        )
+
+
+def alibi_scheme(config) -> nn.Module:
+    """ALiBi as a position scheme of :func:`.claims.length_generalisation`: a :class:`.claims.ClaimsLM`
+    with no position code added to the tokens and :class:`ALiBiBlock` s, so that it differs from the
+    other schemes only in how positions enter. Takes any length (the biases are built per call)."""
+    from ..claims import ClaimsLM, NoPositions  # chapter 11's model; imported only when asked for
+
+    return ClaimsLM(config, block=ALiBiBlock, positions=NoPositions())

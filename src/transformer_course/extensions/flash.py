@@ -1,4 +1,4 @@
-"""Extensions: online softmax and tiled attention."""
+"""Extensions: online softmax, tiled attention, its backward pass and its memory traffic."""
 
 from __future__ import annotations
 
@@ -34,6 +34,90 @@ def online_softmax(S: Tensor) -> Tensor:
     return torch.exp(S - mu[..., None]) / lam[..., None]
 
 
+class IOCounter:
+    """Tally of the numbers (elements, not bytes) a tiled loop reads from and writes to main memory.
+
+    The instrumented loops call :meth:`load` on every block they bring into fast memory and
+    :meth:`store` on every block they send back; both return the tensor unchanged, so the counting
+    wraps the very code that computes. ``reads`` and ``writes`` are element counts.
+    """
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.writes = 0
+
+    def load(self, t: Tensor) -> Tensor:
+        self.reads += t.numel()
+        return t
+
+    def store(self, t: Tensor) -> Tensor:
+        self.writes += t.numel()
+        return t
+
+    def __repr__(self) -> str:
+        return f"IOCounter(reads={self.reads}, writes={self.writes})"
+
+
+def _check_blocks(block_q: int, block_k: int) -> None:
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(
+                f"block sizes must be positive ints (rows per tile), got {name}={b!r}"
+            )
+
+
+def _check_causal(N: int, M: int, causal: bool) -> None:
+    if causal and M < N:
+        raise ValueError(
+            f"causal attention needs M >= N keys (the queries are the last N of M positions), "
+            f"got N={N}, M={M}"
+        )
+
+
+def _tiled_forward(
+    Q: Tensor,
+    K: Tensor,
+    V: Tensor,
+    block_q: int,
+    block_k: int,
+    causal: bool,
+    scale: float | None,
+    io: IOCounter | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The loop of :func:`tiled_attention`; returns the output and the row log-sum-exp ``L``."""
+    _check_qkv(Q, K, V, None)
+    _check_blocks(block_q, block_k)
+    N, M = Q.shape[-2], K.shape[-2]
+    _check_causal(N, M, causal)
+    scale = _default_scale(Q, scale)
+    io = io or IOCounter()
+    out = Q.new_empty(*Q.shape[:-1], V.shape[-1])  # (..., N, d_v)
+    lse = Q.new_empty(Q.shape[:-1])  # (..., N): L = mu + log(lambda), all the backward needs
+    for i0 in range(0, N, block_q):
+        i1 = min(i0 + block_q, N)
+        q = io.load(Q[..., i0:i1, :]) * scale  # (..., bq, d_k)
+        mu = Q.new_full((*Q.shape[:-2], i1 - i0, 1), float("-inf"))  # running max
+        lam = Q.new_zeros((*Q.shape[:-2], i1 - i0, 1))  # running sum
+        O = Q.new_zeros((*Q.shape[:-2], i1 - i0, V.shape[-1]))  # unnormalised output
+        last_key = i1 - 1 + M - N  # the latest key any query of this block may see
+        for j0 in range(0, M if not causal else last_key + 1, block_k):
+            j1 = min(j0 + block_k, M)
+            S = q @ io.load(K[..., j0:j1, :]).mT  # (..., bq, bk): one tile of scores
+            if causal:  # the tile's own part of the causal mask: key m <= query's position
+                q_pos = torch.arange(i0, i1, device=Q.device)[:, None] + (M - N)
+                S = S.masked_fill(torch.arange(j0, j1, device=Q.device) > q_pos, float("-inf"))
+            mu_new = torch.maximum(mu, S.amax(dim=-1, keepdim=True))
+            base = torch.where(mu_new == float("-inf"), 0.0, mu_new)  # rows that saw no key yet
+            P = torch.exp(S - base)  # (..., bq, bk)
+            alpha = torch.exp(mu - base)  # rescales what was summed under the old maximum
+            lam = alpha * lam + P.sum(dim=-1, keepdim=True)
+            O = alpha * O + P @ io.load(V[..., j0:j1, :])
+            mu = mu_new
+        out[..., i0:i1, :] = io.store(O / lam)
+        lse[..., i0:i1] = io.store((mu + torch.log(lam)).squeeze(-1))
+    return out, lse
+
+
 def tiled_attention(
     Q: Tensor,
     K: Tensor,
@@ -42,6 +126,7 @@ def tiled_attention(
     block_k: int = 64,
     causal: bool = False,
     scale: float | None = None,
+    io: IOCounter | None = None,
 ) -> Tensor:
     r"""Exact softmax attention computed block by block, book eq. ``eq-ext-tiled`` (the tiling of
     FlashAttention, Dao et al. 2022, written in PyTorch).
@@ -60,42 +145,202 @@ def tiled_attention(
         Q: ``(..., N, d_k)``; K: ``(..., M, d_k)``; V: ``(..., M, d_v)``.
         causal: query ``n`` (the last ``N`` of ``M`` positions) sees keys up to its own position; key
             blocks wholly in its future are skipped.
+        io: an :class:`IOCounter` that tallies every block read from and written to main memory
+            (book eq. ``eq-ext-io``).
 
     Returns:
-        ``(..., N, d_v)``, equal to softmax attention up to rounding.
+        ``(..., N, d_v)``, equal to softmax attention up to rounding. For gradients by the tiled
+        backward pass, use :func:`tiled_attention_with_grad`.
 
     Implements: eq-ext-tiled
     """
+    return _tiled_forward(Q, K, V, block_q, block_k, causal, scale, io)[0]
+
+
+def tiled_attention_backward(
+    Q: Tensor,
+    K: Tensor,
+    V: Tensor,
+    O: Tensor,
+    L: Tensor,
+    dO: Tensor,
+    block_q: int = 64,
+    block_k: int = 64,
+    causal: bool = False,
+    scale: float | None = None,
+    io: IOCounter | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Gradients of tiled attention from what the forward kept, book eq. ``eq-ext-flash-bwd``
+    (the backward pass of FlashAttention, Dao et al. 2022, sec. 3.1 and app. B).
+
+    The forward stores only the output ``O`` and the row log-sum-exp ``L`` (eq. ``eq-ext-lse``). First
+    :math:`D_n = \sum_i (dO)_{ni} O_{ni}` for every query; then, for each tile of ``block_k`` keys
+    (outer loop) and each tile of ``block_q`` queries (inner loop), the tile's weights are recomputed,
+    :math:`P = e^{S - L}` with :math:`S = c\, Q_i K_j^\top` (``c`` the scale), and
+
+    .. math:: dV_j \mathrel{+}= P^\top dO_i,\quad dP = dO_i V_j^\top,\quad
+              dS = P \odot (dP - D_i),\quad dQ_i \mathrel{+}= c\, dS\, K_j,\quad
+              dK_j \mathrel{+}= c\, dS^\top Q_i .
+
+    Args:
+        Q ``(..., N, d_k)``, K ``(..., M, d_k)``, V ``(..., M, d_v)``: the forward's inputs.
+        O ``(..., N, d_v)``, L ``(..., N)``: the forward's output and log-sum-exp.
+        dO ``(..., N, d_v)``: the gradient of the loss with respect to ``O``.
+        io: an :class:`IOCounter` tallying the blocks read and written (``dQ`` lives in main memory
+            and is read and written once per key tile; ``dK_j, dV_j`` stay in fast memory until their
+            key tile is done).
+
+    Returns:
+        ``(dQ, dK, dV)``, shaped like ``Q, K, V``.
+
+    Implements: eq-ext-flash-bwd
+    """
     _check_qkv(Q, K, V, None)
-    if block_q < 1 or block_k < 1:
-        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+    _check_blocks(block_q, block_k)
     N, M = Q.shape[-2], K.shape[-2]
-    if causal and M < N:
-        raise ValueError(f"causal attention needs M >= N keys, got N={N}, M={M}")
+    _check_causal(N, M, causal)
+    want = {"O": (*Q.shape[:-1], V.shape[-1]), "L": tuple(Q.shape[:-1])}
+    want["dO"] = want["O"]
+    for name, t in (("O", O), ("L", L), ("dO", dO)):
+        if tuple(t.shape) != want[name]:
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)} but Q {tuple(Q.shape)} and V {tuple(V.shape)} "
+                f"need {want[name]}; pass the O and L that the forward returned for these inputs"
+            )
     scale = _default_scale(Q, scale)
-    out = Q.new_empty(*Q.shape[:-1], V.shape[-1])  # (..., N, d_v)
+    io = io or IOCounter()
+    D = Q.new_empty(Q.shape[:-1])  # (..., N): D_n = dO_n . O_n
     for i0 in range(0, N, block_q):
         i1 = min(i0 + block_q, N)
-        q = Q[..., i0:i1, :] * scale  # (..., bq, d_k)
-        mu = Q.new_full((*Q.shape[:-2], i1 - i0, 1), float("-inf"))  # running max
-        lam = Q.new_zeros((*Q.shape[:-2], i1 - i0, 1))  # running sum
-        O = Q.new_zeros((*Q.shape[:-2], i1 - i0, V.shape[-1]))  # unnormalised output
-        last_key = i1 - 1 + M - N  # the latest key any query of this block may see
-        for j0 in range(0, M if not causal else last_key + 1, block_k):
-            j1 = min(j0 + block_k, M)
-            S = q @ K[..., j0:j1, :].mT  # (..., bq, bk): one tile of scores
-            if causal:  # the tile's own part of the causal mask: key m <= query's position
+        D_i = (io.load(dO[..., i0:i1, :]) * io.load(O[..., i0:i1, :])).sum(-1)
+        D[..., i0:i1] = io.store(D_i)
+    dQ = torch.zeros_like(Q)  # in main memory: read, updated and written back by every key tile
+    dK, dV = torch.empty_like(K), torch.empty_like(V)
+    for j0 in range(0, M, block_k):
+        j1 = min(j0 + block_k, M)
+        K_j, V_j = io.load(K[..., j0:j1, :]), io.load(V[..., j0:j1, :])
+        dK_j, dV_j = torch.zeros_like(K_j), torch.zeros_like(V_j)  # stay in fast memory
+        for i0 in range(0, N, block_q):
+            i1 = min(i0 + block_q, N)
+            if causal and i1 - 1 + M - N < j0:  # every query of this tile precedes every key
+                continue
+            Q_i, dO_i = io.load(Q[..., i0:i1, :]), io.load(dO[..., i0:i1, :])
+            L_i, D_i = io.load(L[..., i0:i1]), io.load(D[..., i0:i1])
+            S = scale * (Q_i @ K_j.mT)  # (..., bq, bk)
+            if causal:
                 q_pos = torch.arange(i0, i1, device=Q.device)[:, None] + (M - N)
                 S = S.masked_fill(torch.arange(j0, j1, device=Q.device) > q_pos, float("-inf"))
-            mu_new = torch.maximum(mu, S.amax(dim=-1, keepdim=True))
-            base = torch.where(mu_new == float("-inf"), 0.0, mu_new)  # rows that saw no key yet
-            P = torch.exp(S - base)  # (..., bq, bk)
-            alpha = torch.exp(mu - base)  # rescales what was summed under the old maximum
-            lam = alpha * lam + P.sum(dim=-1, keepdim=True)
-            O = alpha * O + P @ V[..., j0:j1, :]
-            mu = mu_new
-        out[..., i0:i1, :] = O / lam
-    return out
+            P = torch.exp(S - L_i[..., None])  # the tile's weights, recomputed
+            dV_j = dV_j + P.mT @ dO_i
+            dP = dO_i @ V_j.mT  # (..., bq, bk)
+            dS = P * (dP - D_i[..., None])
+            dQ[..., i0:i1, :] = io.store(io.load(dQ[..., i0:i1, :]) + scale * (dS @ K_j))
+            dK_j = dK_j + scale * (dS.mT @ Q_i)
+        dK[..., j0:j1, :], dV[..., j0:j1, :] = io.store(dK_j), io.store(dV_j)
+    return dQ, dK, dV
+
+
+class TiledAttentionFunction(torch.autograd.Function):
+    """Tiled attention as an autograd function: the forward saves ``Q, K, V``, the output ``O`` and
+    the log-sum-exp ``L`` (never the ``N x M`` weights); the backward is
+    :func:`tiled_attention_backward`. Use it through :func:`tiled_attention_with_grad`."""
+
+    @staticmethod
+    def forward(ctx, Q, K, V, block_q, block_k, causal, scale):
+        O, L = _tiled_forward(Q, K, V, block_q, block_k, causal, scale)
+        ctx.save_for_backward(Q, K, V, O, L)
+        ctx.options = (block_q, block_k, causal, scale)
+        return O
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dO):
+        Q, K, V, O, L = ctx.saved_tensors
+        dQ, dK, dV = tiled_attention_backward(Q, K, V, O, L, dO.contiguous(), *ctx.options)
+        return dQ, dK, dV, None, None, None, None
+
+
+def tiled_attention_with_grad(
+    Q: Tensor,
+    K: Tensor,
+    V: Tensor,
+    block_q: int = 64,
+    block_k: int = 64,
+    causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
+    r""":func:`tiled_attention` whose gradients come from the tiled backward pass (book eqs.
+    ``eq-ext-lse`` and ``eq-ext-flash-bwd``): what autograd keeps is ``O`` and ``L``, ``O(N)`` beyond
+    the inputs and output, instead of the ``N x M`` weights. Same arguments and result as
+    :func:`tiled_attention`.
+
+    Implements: eq-ext-lse
+    """
+    return TiledAttentionFunction.apply(Q, K, V, block_q, block_k, causal, scale)
+
+
+def _tiles(n: int, b: int) -> int:
+    return -(-n // b)  # ceil(n / b)
+
+
+def materialised_attention_io(N: int, M: int, d: int) -> tuple[int, int]:
+    r"""Elements read and written by materialised attention, book eq. ``eq-ext-io``: three passes,
+    :math:`S = c\,QK^\top` (read ``Q, K``, write ``S``), :math:`A = \operatorname{softmax}(S)` (read
+    ``S``, write ``A``), :math:`O = AV` (read ``A, V``, write ``O``), each reading its inputs and
+    writing its output once:
+
+    ``reads = N d + 2 M d + 2 N M``, ``writes = 2 N M + N d`` (``d = d_k = d_v``), which is
+    :math:`\Theta(Nd + NM)`. Returns ``(reads, writes)``.
+
+    Implements: eq-ext-io
+    """
+    _check_sizes(N=N, M=M, d=d)
+    return N * d + 2 * M * d + 2 * N * M, 2 * N * M + N * d
+
+
+def tiled_attention_io(
+    N: int, M: int, d: int, block_q: int, block_k: int, backward: bool = False
+) -> tuple[int, int]:
+    r"""Elements read and written by :func:`tiled_attention` (non-causal; ``d = d_k = d_v``), book eq.
+    ``eq-ext-io``. With :math:`T_q = \lceil N / N_\text{t} \rceil` query tiles and
+    :math:`T_k = \lceil M / M_\text{t} \rceil` key tiles, the forward reads ``Q`` once and ``K, V``
+    once per query tile, and writes ``O`` and ``L``:
+
+    ``reads = N d + 2 T_q M d``, ``writes = N d + N``.
+
+    With ``backward=True``, the counts of :func:`tiled_attention_backward` instead: ``D`` from ``O,
+    dO`` (reads ``2 N d``, writes ``N``), ``K, V`` once, and per key tile ``Q, dO, dQ, L, D``:
+
+    ``reads = 2 N d + 2 M d + T_k (3 N d + 2 N)``, ``writes = N + T_k N d + 2 M d``.
+
+    Returns ``(reads, writes)``.
+
+    Implements: eq-ext-io
+    """
+    _check_sizes(N=N, M=M, d=d)
+    _check_blocks(block_q, block_k)
+    if backward:
+        T_k = _tiles(M, block_k)
+        return 2 * N * d + 2 * M * d + T_k * (3 * N * d + 2 * N), N + T_k * N * d + 2 * M * d
+    T_q = _tiles(N, block_q)
+    return N * d + 2 * T_q * M * d, N * d + N
+
+
+def _check_sizes(**sizes: int) -> None:
+    for name, n in sizes.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+
+
+def materialised_attention(Q: Tensor, K: Tensor, V: Tensor, io: IOCounter | None = None) -> Tensor:
+    """Softmax attention in three passes through main memory, each materialising its result
+    (``S``, then ``A``, then ``O``), with every pass's reads and writes tallied in ``io``: the
+    instrumented counterpart of :func:`materialised_attention_io`. ``Q (..., N, d_k)``."""
+    _check_qkv(Q, K, V, None)
+    io = io or IOCounter()
+    S = io.store(io.load(Q) @ io.load(K).mT * _default_scale(Q, None))  # (..., N, M)
+    A = io.store(torch.softmax(io.load(S), dim=-1))
+    return io.store(io.load(A) @ io.load(V))
 
 
 @contextlib.contextmanager
