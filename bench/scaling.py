@@ -11,8 +11,10 @@ clipping, the recipe's 100 warm-up steps) with a GPT of width ``d_model`` and ``
 budgets are 160, 320 and 640 steps (0.66, 1.3 and 2.6 million tokens).
 ``tc.training.scaling_analysis`` then fits book eq. ``eq-train-power``, L = a N^(-alpha) + c, per
 budget and predicts two sizes left out of the fit.
-The two held-out sizes are also trained at the largest budget with ``--noise-seeds`` (default 1 and 2),
-so that the error of a prediction can be set beside the seed-to-seed spread of the loss it predicts.
+``--noise`` reads the recorded study (``bench/results/<device>/scaling.json``) and trains its two
+held-out sizes at the largest budget with seeds 0, 1 and 2 on this machine, so that the error of a
+prediction can be set beside the seed-to-seed spread of the loss it predicts
+(``bench/results/<device>/scaling_noise.json``; about 8 minutes on 2 cores).
 Targets: the whole study within 15 minutes, and the size left out in the middle predicted to within
 0.05 nats. The last line is one JSON object (``bench/results/cpu/scaling.json``).
 """
@@ -20,6 +22,7 @@ Targets: the whole study within 15 minutes, and the size left out in the middle 
 from __future__ import annotations
 
 import argparse
+import pathlib
 import time
 
 import torch
@@ -35,7 +38,7 @@ BUDGETS = [160, 320, 640]  # steps
 QUICK_SIZES = [(16, 1), (32, 1), (48, 1), (64, 1)]
 QUICK_BUDGETS = [8]
 QUICK_WARMUP = 2
-NOISE_SEEDS = [1, 2]
+NOISE_SEEDS = [0, 1, 2]
 EVAL_BATCHES = 20
 TARGETS = {"total_seconds": ["<=", 900], "interpolation_error_abs": ["<=", 0.05]}
 
@@ -47,11 +50,7 @@ def main() -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=None, help="steps (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--noise-seeds",
-        type=int,
-        nargs="*",
-        default=None,
-        help="other seeds for the held-out sizes (default: 1 2; none with --quick)",
+        "--noise", action="store_true", help="the recorded study's held-out sizes, seeds 0 1 2"
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
@@ -60,9 +59,6 @@ def main() -> None:
     device = tc.default_device(args.device)
     sizes, budgets = (QUICK_SIZES, QUICK_BUDGETS) if args.quick else (SIZES, BUDGETS)
     budgets = args.budgets or budgets
-    noise_seeds = (
-        ([] if args.quick else NOISE_SEEDS) if args.noise_seeds is None else args.noise_seeds
-    )
     print(f"machine: {machine(device)}")
     t0 = time.perf_counter()
 
@@ -94,17 +90,36 @@ def main() -> None:
         )
         return r, recipe
 
+    if args.noise:
+        recorded = tc.results.load(pathlib.Path(__file__).resolve().parent.parent, device.type)
+        study = recorded.get("scaling")
+        if study is None or study["quick"]:
+            raise SystemExit("--noise needs the recorded study: run bench/scaling.py first")
+        last = max(study["budgets"])
+        noise_runs = []
+        for name, h in study["held_out"].items():
+            size = next(
+                r for r in study["runs"] if r["params"] == h["params"] and r["steps"] == last
+            )
+            for seed in NOISE_SEEDS:
+                r, _ = one_run(size["d_model"], size["n_layers"], last, seed)
+                noise_runs.append({**r, "held_out": name})
+        report(
+            {
+                "device": str(device),
+                "machine": machine(device),
+                "study": {k: study[k] for k in ("commit", "date", "machine")},
+                "seeds": NOISE_SEEDS,
+                "total_seconds": round(time.perf_counter() - t0, 1),
+            }
+        )
+        return
     runs = []
     for steps in budgets:
         for d_model, n_layers in sizes:
             r, recipe = one_run(d_model, n_layers, steps, args.seed)
             runs.append(r)
     analysis = scaling_analysis(runs)
-    noise_runs = []  # the held-out sizes at the largest budget, trained with other seeds
-    for h in analysis["held_out"].values():
-        size = next(r for r in runs if r["params"] == h["params"] and r["steps"] == budgets[-1])
-        for seed in noise_seeds:
-            noise_runs.append(one_run(size["d_model"], size["n_layers"], budgets[-1], seed)[0])
     total = time.perf_counter() - t0
     for steps, fit in analysis["fits"].items():
         print(
@@ -131,7 +146,6 @@ def main() -> None:
             "warmup_steps": recipe.train.warmup_steps,
             "lr": recipe.train.lr,
             "runs": runs,
-            "noise_runs": noise_runs,
             "fits": {str(k): v for k, v in analysis["fits"].items()},
             "held_out": held,
             "interpolation_error_abs": abs(held["interpolation"]["error"]) if held else None,

@@ -459,6 +459,58 @@ def test_recorded_results_are_read_and_a_claim_file_wins(tmp_path):
     assert cl.load_recorded(tmp_path)["x"].runs[0].val_loss == 1.2
 
 
+def _at(lr, losses):  # one claim's result at rate lr: {variant: [loss per seed]}
+    runs = [cl.Run(v, s, x) for v, xs in losses.items() for s, x in enumerate(xs)]
+    recipe = {"train": {"lr": lr}}
+    return cl.ClaimResult("x", "large", "val_loss", "a", list(losses), runs, recipe=recipe)
+
+
+def test_at_rate_changes_only_the_learning_rate_and_names_the_setting():
+    r = cl.at_rate("large", 4e-3)
+    assert r.train.lr == 4e-3 and r.model == cl.LARGE.model and r.seeds == cl.LARGE.seeds
+    assert dataclasses.replace(r.train, lr=cl.LARGE.train.lr) == cl.LARGE.train
+    assert cl.recipes._setting_name(r) == "large, lr 0.004"
+    assert cl.recipes._setting_name(cl.LARGE) == "large"
+    with pytest.raises(ValueError, match="positive"):
+        cl.at_rate("large", 0.0)
+    assert 8e-3 in cl.LR_GRID and cl.LR_GRID == tuple(sorted(cl.LR_GRID))
+
+
+def test_each_arm_is_compared_at_its_own_best_rate():
+    grid = {
+        4e-3: _at(4e-3, {"a": [2.0, 2.1, 2.2], "b": [1.9, 2.0, 2.0]}),
+        8e-3: _at(8e-3, {"a": [1.8, 1.9, 2.0], "b": [2.1, 2.2, 2.3]}),
+        1.6e-2: _at(1.6e-2, {"a": [1.7, None, 1.6], "b": [2.5, 2.6, 2.7]}),  # a diverged at 1.6e-2
+    }
+    assert cl.best_rates(grid) == {
+        "a": 8e-3,
+        "b": 4e-3,
+    }  # a's best mean is at 1.6e-2, but a seed diverged
+    c = cl.at_best_rates(grid, "b", "a")
+    assert c.diffs == pytest.approx((1.9 - 1.8, 2.0 - 1.9, 2.0 - 2.0))
+    assert (c.variant, c.baseline) == ("b", "a")
+    same_rate = grid[8e-3].compare("b", "a")  # what a single rate would have said: b worse
+    assert same_rate.mean == pytest.approx(0.3) and c.mean == pytest.approx(0.2 / 3)
+    with pytest.raises(KeyError, match="not recorded at every rate"):
+        cl.at_best_rates(grid, "c", "a")
+    with pytest.raises(ValueError, match="empty"):
+        cl.best_rates({})
+
+
+def test_the_learning_rate_grid_is_read_from_the_recorded_files(tmp_path):
+    folder = tmp_path / "bench" / "results" / "cpu"
+    (folder / "claims-lr").mkdir(parents=True)
+    (folder / "claims.json").write_text(
+        json.dumps({"claims": {"x": _at(8e-3, {"a": [2.0]}).to_json()}})
+    )
+    for lr in (4e-3, 8e-3):  # a grid file at the recipe's rate wins over claims.json
+        data = {"claims": {"x": _at(lr, {"a": [1.0 + lr]}).to_json()}, "commit": "c", "date": "d"}
+        (folder / "claims-lr" / f"lr{lr:g}.json").write_text(json.dumps(data))
+    grid = cl.load_lr_grid(tmp_path)["x"]
+    assert sorted(grid) == [4e-3, 8e-3]
+    assert grid[8e-3].runs[0].val_loss == 1.0 + 8e-3 and grid[4e-3].commit == "c"
+
+
 def test_plot_seeds_draws_every_seed():
     r = cl.ClaimResult(
         "x", "small", "val_loss", "a", ["a", "b"],

@@ -198,6 +198,7 @@ NAMES = [
     "encoder_decoder.key_padding_mask",
     "encoder_decoder.cross_attention",
     "encoder_decoder.causal_padding_mask",
+    "encoder_decoder.beam_scores",
     "encoder_decoder.seq2seq",
 ]
 
@@ -509,3 +510,161 @@ def test_the_assembly_checker_explains_what_no_single_mistake_does():
     assert fb.status == "incorrect" and "your encoder is causal" in fb.message
     fb = check(tc.encoder_decoder.Seq2Seq)  # the package's class returns (logits, loss)
     assert fb.status == "incorrect" and "tuple" in fb.message
+
+
+# ----------------------------------------------------------------------------------------------
+# Beam search with length normalisation
+
+
+def tiny_seq2seq(seed=0, tgt_vocab=5, tgt_len=6):
+    """A seeded untrained model with a tiny target vocabulary (PAD, BOS, EOS and two more), whose
+    head and source embeddings are scaled up so that its next-token distributions are far from
+    uniform and depend on the source."""
+    torch.manual_seed(seed)
+    model = Seq2Seq(Seq2SeqConfig(12, tgt_vocab, 7, tgt_len, d_model=16, H=2)).double().eval()
+    with torch.no_grad():
+        model.head.weight.mul_(10)
+        model.src_emb.weight.mul_(10)
+    return model
+
+
+def tiny_sources(n=6):
+    src = torch.randint(3, 12, (n, 7), generator=torch.Generator().manual_seed(0))
+    src[1, 4:] = 0  # one padded source
+    return src
+
+
+def every_output(vocab, max_len, eos=2):
+    """How many outputs of at most max_len tokens exist: the leaves of the generation tree."""
+    return (
+        sum((vocab - 1) ** (t - 1) for t in range(1, max_len))
+        + (vocab - 1) ** (max_len - 1) * vocab
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_a_beam_as_wide_as_every_output_is_exhaustive_search(one_thread, seed, alpha):
+    model, src = tiny_seq2seq(seed), tiny_sources()
+    k = every_output(5, 4)
+    assert k == 341
+    tokens, score = tc.encoder_decoder.beam_search(model, src, k, 4, alpha)
+    best, best_score = tc.encoder_decoder.exhaustive_search(model, src, 4, alpha)
+    assert torch.equal(tokens, best)
+    torch.testing.assert_close(score, best_score, atol=1e-10, rtol=0)
+
+
+def test_a_narrow_beam_never_beats_exhaustive_search_and_can_miss_its_optimum(one_thread):
+    model, src = tiny_seq2seq(0), tiny_sources()
+    best, best_score = tc.encoder_decoder.exhaustive_search(model, src, 4, 0.6)
+    missed = False
+    for k in (1, 2, 3, 8):
+        tokens, score = tc.encoder_decoder.beam_search(model, src, k, 4, 0.6)
+        assert (score <= best_score + 1e-12).all()
+        missed |= not torch.equal(tokens, best)
+    assert missed  # the test would show nothing on a model where every beam finds the optimum
+
+
+@pytest.mark.parametrize("tiny", [True, False])
+def test_a_beam_of_one_is_greedy_decoding(one_thread, tiny):
+    if tiny:
+        model, src = tiny_seq2seq(2), tiny_sources()
+    else:  # the date task's vocabulary, outputs of varying length
+        torch.manual_seed(7)
+        model = (
+            Seq2Seq(
+                Seq2SeqConfig(TASK.vocab_size, TASK.vocab_size, TASK.src_len, TASK.tgt_len, 32, 4)
+            )
+            .double()
+            .eval()
+        )
+        src = TASK.tensors(TASK.sample(16, seed=4))[0]
+    tokens, score = tc.encoder_decoder.beam_search(model, src, 1, model.config.tgt_len - 1)
+    assert torch.equal(tokens, model.greedy_decode(src, TASK.BOS, TASK.EOS))
+    assert torch.isfinite(score).all() and (score <= 0).all()
+
+
+def test_beam_search_of_a_batch_equals_one_source_at_a_time(one_thread):
+    model, src = tiny_seq2seq(3), tiny_sources()
+    tokens, score = tc.encoder_decoder.beam_search(model, src, 3, 5, 0.6)
+    for b in range(len(src)):
+        one, one_score = tc.encoder_decoder.beam_search(model, src[b : b + 1], 3, 5, 0.6)
+        assert torch.equal(one[0], tokens[b])
+        torch.testing.assert_close(one_score[0], score[b], atol=1e-12, rtol=0)
+
+
+def log_p_of(model, src, tokens):
+    """log p(y | x) of each chosen output by teacher forcing: the sum over its real tokens."""
+    with torch.no_grad():
+        logits = model(src, tokens[:, :-1])[0]
+    lp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None])[..., 0]
+    real = torch.ones_like(tokens[:, 1:], dtype=torch.bool)
+    for b, row in enumerate(tokens.tolist()):  # the tokens up to and including the first EOS
+        end = row.index(TASK.EOS) if TASK.EOS in row else len(row) - 1
+        real[b, end:] = False
+    return (lp * real).sum(-1), real.sum(-1).double()
+
+
+def test_length_normalisation_changes_the_winner(one_thread):
+    """On seed 3 the unnormalised optimum is the shortest output, [EOS]; with alpha = 2 a longer one
+    wins. Each winner has the higher log p or the higher normalised score, as its rule says."""
+    model, src = tiny_seq2seq(3), tiny_sources()
+    ed = tc.encoder_decoder
+    plain, plain_score = ed.exhaustive_search(model, src, 4, alpha=0.0)
+    normed, normed_score = ed.exhaustive_search(model, src, 4, alpha=2.0)
+    changed = (plain != normed).any(dim=1)
+    assert changed.sum() >= 2
+    lp_plain, len_plain = log_p_of(model, src, plain)
+    lp_normed, len_normed = log_p_of(model, src, normed)
+    torch.testing.assert_close(plain_score, lp_plain, atol=1e-10, rtol=0)
+    assert (len_normed[changed] > len_plain[changed]).all()
+    assert (lp_plain[changed] > lp_normed[changed]).all()  # alpha = 0 prefers the likelier one
+    by_wu = lambda lp, n: lp / ((5 + n) / 6) ** 2.0  # noqa: E731
+    torch.testing.assert_close(normed_score, by_wu(lp_normed, len_normed), atol=1e-10, rtol=0)
+    assert (by_wu(lp_normed, len_normed)[changed] > by_wu(lp_plain, len_plain)[changed]).all()
+    for k, alpha, expected in ((341, 0.0, plain), (341, 2.0, normed)):
+        assert torch.equal(ed.beam_search(model, src, k, 4, alpha)[0], expected)
+
+
+def test_the_length_penalty_is_wus():
+    lp = tc.encoder_decoder.length_penalty(torch.tensor([1.0, 7.0, 13.0]), 0.5)
+    torch.testing.assert_close(lp, torch.tensor([1.0, 2.0**0.5, 3.0**0.5]))
+    assert tc.encoder_decoder.length_penalty(torch.tensor(9.0), 0.0) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"beam_size": 0}, "beam_size must be a positive int"),
+        ({"beam_size": 2.0}, "beam_size must be a positive int"),
+        ({"beam_size": True}, "beam_size must be a positive int"),
+        ({"max_len": 0}, r"max_len .* \[1, 5\]"),
+        ({"max_len": 6}, r"tgt_len - 1"),
+        ({"alpha": -0.5}, "alpha must be a finite number >= 0"),
+        ({"alpha": float("nan")}, "alpha must be a finite number >= 0"),
+        ({"alpha": float("inf")}, "alpha must be a finite number >= 0"),
+    ],
+)
+def test_beam_search_rejects_bad_arguments_clearly(kwargs, message):
+    model, src = tiny_seq2seq(0), tiny_sources(2)
+    args = {"beam_size": 2, "max_len": 4, "alpha": 0.6} | kwargs
+    with pytest.raises(ValueError, match=message):
+        tc.encoder_decoder.beam_search(model, src, **args)
+    with pytest.raises(ValueError, match="src must be"):
+        tc.encoder_decoder.beam_search(model, src[0], 2, 4)
+
+
+def test_the_beam_scores_exercise_is_the_package_s_score(one_thread):
+    """The exercise's solution, fed the log-probabilities of the outputs the package's beam search
+    chose (with junk at the padded positions), gives the scores beam_search returns."""
+    model, src = tiny_seq2seq(3), tiny_sources()
+    tokens, score = tc.encoder_decoder.beam_search(model, src, 4, 5, 0.6)
+    with torch.no_grad():
+        logits = model(src, tokens[:, :-1])[0]
+    log_probs = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None])[..., 0]
+    ours = [  # rows with no PAD generated before EOS (the exercise reads PAD as padding)
+        b for b, row in enumerate(tokens.tolist()) if TASK.PAD not in row[1 : row.index(TASK.EOS)]
+    ]
+    assert len(ours) >= 3
+    got = ee.beam_scores(tokens[ours], log_probs[ours], 0.6)
+    torch.testing.assert_close(got, score[ours], atol=1e-10, rtol=0)

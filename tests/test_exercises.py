@@ -50,7 +50,8 @@ def test_every_reference_solution_passes_its_checker(name):
     + list_exercises("language_models.")
     + list_exercises("claims.")
     + list_exercises("extensions.")
-    + ["relations.linear_attention_recurrent", "relations.graph_attention"],
+    + ["relations.linear_attention_recurrent", "relations.graph_attention"]
+    + ["relations.gated_linear_attention"],
 )
 def test_mistakes_differ_from_the_solution_on_every_trial(name):
     """A mistake that equals the solution on some input would let a wrong answer pass that trial."""

@@ -34,10 +34,16 @@ def _layer(seed=0, D=8, n_experts=4, k=2, **kwargs):
 @pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("renormalise", [True, False])
 def test_sparse_equals_reference_without_drops(expert, k, renormalise):
-    layer = _layer(k=k, capacity_factor=None, expert=expert, renormalise=renormalise)
+    torch.manual_seed(0)
+    layer = MixtureOfExperts(
+        8, 4, k=k, d_ff=12, capacity_factor=None, expert=expert, renormalise=renormalise
+    )
+    layer = layer.double()
     X = torch.randn(3, 7, 8, dtype=f64)
     out = layer(X)
-    Y, dropped = moe_reference(X.reshape(-1, 8), layer.W_r.detach(), layer.experts, k, None, renormalise)
+    Y, dropped = moe_reference(
+        X.reshape(-1, 8), layer.W_r.detach(), layer.experts, k, None, renormalise
+    )
     assert not dropped.any() and not out.dropped.any()
     assert out.Y.shape == X.shape and out.dropped.shape == (3, 7, k)
     torch.testing.assert_close(out.Y.reshape(-1, 8), Y, atol=1e-10, rtol=0)
@@ -45,7 +51,8 @@ def test_sparse_equals_reference_without_drops(expert, k, renormalise):
 
 @pytest.mark.parametrize(("k", "capacity_factor"), [(1, 0.5), (2, 0.6), (2, 1.0), (3, 0.4)])
 def test_sparse_equals_reference_with_drops(k, capacity_factor):
-    layer = _layer(seed=1, n_experts=5, k=k, capacity_factor=capacity_factor)
+    torch.manual_seed(1)
+    layer = MixtureOfExperts(8, 5, k=k, d_ff=12, capacity_factor=capacity_factor).double()
     X = torch.randn(2, 9, 8, dtype=f64) + 0.5  # shifted, so the router is unbalanced
     out = layer(X)
     C = layer.capacity(18)
@@ -58,7 +65,9 @@ def test_sparse_equals_reference_with_drops(k, capacity_factor):
     assert kept <= C * 5
     # a token whose every choice is dropped leaves the layer as exactly zero
     all_dropped = dropped.all(dim=-1)
-    assert torch.equal(out.Y.reshape(-1, 8)[all_dropped], torch.zeros(int(all_dropped.sum()), 8, dtype=f64))
+    assert torch.equal(
+        out.Y.reshape(-1, 8)[all_dropped], torch.zeros(int(all_dropped.sum()), 8, dtype=f64)
+    )
 
 
 def test_dropping_rule_first_choices_then_earlier_tokens():
@@ -122,7 +131,7 @@ def test_aux_loss_equals_its_definition(k):
 
 
 def test_aux_loss_is_alpha_at_balance_and_above_it_when_probabilities_follow_the_load():
-    n_experts, k, alpha = 4, 2, 0.3
+    n_experts, alpha = 4, 0.3
     uniform = torch.full((8, n_experts), 1 / n_experts, dtype=f64)
     experts = torch.tensor([[i % 4, (i + 1) % 4] for i in range(8)])  # every expert chosen 4 times
     assert abs(load_balancing_loss(uniform, experts, alpha).item() - alpha) < 1e-12
@@ -158,7 +167,7 @@ def test_gradients_reach_the_router():
         one = _layer(k=1, capacity_factor=None, renormalise=renormalise)
         one(X).Y.pow(2).sum().backward()
         g = one.router.weight.grad
-        assert (g is not None and g.abs().sum() > 0) == nonzero
+        assert (g is not None and g.abs().max() > 1e-10) == nonzero  # rounding noise aside
 
 
 @pytest.mark.parametrize("expert", ["mlp", "gated"])
@@ -174,7 +183,9 @@ def test_parameter_counts(expert):
     X = torch.randn(1, 16)
     out = layer(X)
     out.Y.sum().backward()
-    used = sum(p.numel() for p in layer.parameters() if p.grad is not None and p.grad.abs().sum() > 0)
+    used = sum(
+        p.numel() for p in layer.parameters() if p.grad is not None and p.grad.abs().sum() > 0
+    )
     assert used == counts["active"]
 
 
@@ -213,7 +224,13 @@ def test_layer_is_shape_preserving_and_float32_close():
     torch.manual_seed(4)
     layer = MixtureOfExperts(8, 4, k=2, d_ff=12, capacity_factor=None)
     X = torch.randn(2, 6, 8)
-    Y32 = layer(X).Y
-    Y64, _ = moe_reference(X.reshape(-1, 8).double(), layer.W_r.detach().double(), [e.double() for e in layer.experts], 2)
+    out = layer(X)
+    assert F.one_hot(out.routing.experts, 4).sum(1).max() == 1  # distinct experts per token
+    Y32 = out.Y
+    Y64, _ = moe_reference(
+        X.reshape(-1, 8).double(),
+        layer.W_r.detach().double(),
+        [e.double() for e in layer.experts],
+        2,
+    )
     torch.testing.assert_close(Y32.reshape(-1, 8).double(), Y64, atol=1e-5, rtol=0)
-    assert F.one_hot(layer(X).routing.experts, 4).sum(1).max() == 1  # distinct experts per token

@@ -631,3 +631,229 @@ def test_the_labs_demonstrated_mistakes_are_diagnosed():
 
     fb = check("relations.graph_attention", adjacency_as_mask)
     assert not fb and "mask is transposed" in fb.message
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear attention's kernel view (positive random features) and a gated state
+
+
+from transformer_course.relations import linear_attention as la  # noqa: E402
+
+
+def _prf_estimates(q, k, m, seeds):
+    """psi(q).psi(k) with m features, one estimate per seed (scale 1: estimates exp(q.k))."""
+    out = []
+    for s in seeds:
+        f = la.positive_random_feature_map(q.shape[-1], m, seed=s, scale=1.0)
+        out.append(f(q) @ f(k))
+    return torch.stack(out)
+
+
+def _prf_variance(q, k):
+    """The variance of one feature's estimate m psi_j(q) psi_j(k): exp(2 q.k) (exp(|q + k|^2) - 1)."""
+    return math.exp(2 * float(q @ k)) * math.expm1(float((q + k) @ (q + k)))
+
+
+@pytest.mark.parametrize("pair", range(3))
+def test_positive_random_features_are_unbiased(pair):
+    """Seeded Monte Carlo: the mean of R independent estimates lies within 4 standard errors of
+    exp(q.k), the standard error sqrt(Var / (m R)) from the closed-form variance."""
+    gen = torch.Generator().manual_seed(pair)
+    q, k = 0.5 * torch.randn(2, 4, generator=gen, dtype=d64)
+    m, R = 16, 400
+    est = _prf_estimates(q, k, m, range(R))
+    se = math.sqrt(_prf_variance(q, k) / (m * R))
+    assert abs(est.mean().item() - math.exp(q @ k)) < 4 * se
+    # features without the -|x|^2/2 term are biased far beyond that tolerance
+    f = la.positive_random_feature_map(4, m * R, seed=0, scale=1.0)
+    raw = (torch.exp(q @ f.omega.T) @ torch.exp(k @ f.omega.T)) / (m * R)
+    assert abs(raw.item() - math.exp(q @ k)) > 10 * se
+
+
+def test_random_feature_error_falls_as_one_over_sqrt_d_psi():
+    gen = torch.Generator().manual_seed(5)
+    q, k = 0.5 * torch.randn(2, 4, generator=gen, dtype=d64)
+    ms = [4, 16, 64, 256, 1024]
+    rms = [
+        (_prf_estimates(q, k, m, range(200)) - math.exp(q @ k)).pow(2).mean().sqrt().item()
+        for m in ms
+    ]
+    slope = torch.linalg.lstsq(
+        torch.tensor([[math.log(m), 1.0] for m in ms], dtype=d64),
+        torch.tensor([math.log(e) for e in rms], dtype=d64)[:, None],
+    ).solution[0, 0]
+    assert abs(slope.item() + 0.5) < 0.1
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_random_feature_attention_approaches_softmax_attention(causal):
+    gen = torch.Generator().manual_seed(2)
+    Q, K, V = torch.randn(3, 12, 4, generator=gen, dtype=d64)
+    soft = tc.scaled_dot_product_attention(Q, K, V, causal=causal)
+    errors = []
+    for m in (64, 1024, 16384):
+        fm = la.positive_random_feature_map(4, m, seed=1)
+        Y = la.linear_attention_parallel(Q, K, V, fm, causal=causal)
+        errors.append((Y - soft).abs().mean().item())
+    assert errors[2] < errors[1] < errors[0] and errors[2] < 0.05
+    elu = (la.linear_attention_parallel(Q, K, V, causal=causal) - soft).abs().mean().item()
+    assert elu > 2 * errors[2]  # elu + 1 features do not approximate the softmax kernel
+
+
+def test_positive_random_features_shape_sign_and_seed():
+    f = la.positive_random_feature_map(3, 7, seed=4)
+    x = torch.randn(2, 5, 3, dtype=d64)
+    assert f(x).shape == (2, 5, 7) and (f(x) > 0).all()
+    assert f.scale == pytest.approx(3**-0.25)
+    torch.testing.assert_close(f.omega, la.positive_random_feature_map(3, 7, seed=4).omega)
+    assert not torch.equal(f.omega, la.positive_random_feature_map(3, 7, seed=5).omega)
+    # by the formula, entry by entry
+    j = 2
+    expected = torch.exp(x @ f.omega[j] * f.scale - (x * f.scale).pow(2).sum(-1) / 2) / math.sqrt(7)
+    torch.testing.assert_close(f(x)[..., j], expected, atol=1e-12, rtol=1e-12)
+    assert f(x.float()).dtype == torch.float32
+
+
+def _decay_loop(gamma):
+    N = gamma.shape[-1]
+    D = torch.zeros(N, N, dtype=d64)
+    for n in range(N):
+        for m in range(n + 1):
+            D[n, m] = math.prod(gamma[t].item() for t in range(m + 1, n + 1))
+    return D
+
+
+def test_decay_matrix_equals_the_product_loop():
+    gamma = torch.sigmoid(torch.randn(9, dtype=d64))
+    D = la.decay_matrix(gamma)
+    torch.testing.assert_close(D, _decay_loop(gamma), atol=1e-12, rtol=1e-12)
+    assert (D.diagonal() == 1).all() and (D.triu(1) == 0).all()
+    n, m = torch.arange(9)[:, None], torch.arange(9)[None, :]
+    retnet = la.decay_matrix(torch.full((9,), 0.8, dtype=d64))
+    torch.testing.assert_close(
+        retnet,
+        (torch.tensor(0.8, dtype=d64) ** (n - m).clamp(min=0)) * (m <= n),
+        atol=1e-12,
+        rtol=0,
+    )
+    batch = torch.sigmoid(torch.randn(2, 3, 9, dtype=d64))
+    torch.testing.assert_close(la.decay_matrix(batch)[1, 2], _decay_loop(batch[1, 2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("normalise", [True, False])
+def test_gated_linear_attention_recurrence_equals_parallel_form(dtype, normalise):
+    gen = torch.Generator().manual_seed(3)
+    Q, K = torch.randn(2, 2, 3, 16, 4, generator=gen, dtype=dtype)
+    V = torch.randn(2, 3, 16, 5, generator=gen, dtype=dtype)
+    gates = torch.sigmoid(torch.randn(2, 3, 16, generator=gen, dtype=dtype))
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    fm = la.elu_feature_map if normalise else None  # RetNet/GLA/Mamba-2: identity, no normaliser
+    for gamma in (gates, gates[0, 0], 0.9):  # per head and token, shared by the batch, constant
+        torch.testing.assert_close(
+            la.gated_linear_attention_recurrent(Q, K, V, gamma, fm, normalise),
+            la.gated_linear_attention_parallel(Q, K, V, gamma, fm, normalise),
+            atol=tol,
+            rtol=tol,
+        )
+
+
+def test_gated_linear_attention_equals_its_formula_and_contains_linear_attention():
+    N = 7
+    Q, K, V = torch.randn(3, N, 3, dtype=d64)
+    gamma = torch.sigmoid(torch.randn(N, dtype=d64))
+    D = _decay_loop(gamma)
+    psi = la.elu_feature_map
+    Y = torch.zeros(N, 3, dtype=d64)
+    for n in range(N):
+        w = torch.stack([D[n, m] * psi(Q[n]) @ psi(K[m]) for m in range(n + 1)])
+        Y[n] = sum(w[m] * V[m] for m in range(n + 1)) / w.sum()
+    torch.testing.assert_close(
+        la.gated_linear_attention_parallel(Q, K, V, gamma), Y, atol=1e-12, rtol=0
+    )
+    torch.testing.assert_close(
+        la.gated_linear_attention_parallel(Q, K, V, 1.0),
+        la.linear_attention_parallel(Q, K, V),
+        atol=1e-12,
+        rtol=0,
+    )
+
+
+def test_gated_step_decays_before_adding():
+    q, k, v = torch.randn(3, 4, dtype=d64)
+    Gamma, zeta = torch.randn(4, 4, dtype=d64), torch.rand(4, dtype=d64)
+    G1, z1, y = la.gated_linear_attention_step(Gamma, zeta, q, k, v, 0.5, normalise=False)
+    pk = la.elu_feature_map(k)
+    torch.testing.assert_close(G1, 0.5 * Gamma + torch.outer(pk, v))
+    torch.testing.assert_close(z1, 0.5 * zeta + pk)
+    torch.testing.assert_close(y, la.elu_feature_map(q) @ G1)
+    with_one = la.gated_linear_attention_step(Gamma, zeta, q, k, v, 1.0)
+    for got, expected in zip(with_one, la.linear_attention_step(Gamma, zeta, q, k, v), strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_a_constant_decay_after_the_update_cancels_in_the_normalised_output():
+    """Why the exercise draws one gate per token: with a constant gate the wrong order gives the same
+    normalised outputs; with a gate per token it does not."""
+    ex = _get("relations.gated_linear_attention")
+    after = next(m for m in ex.mistakes if "AFTER" in m.why).wrong
+    Q, K, V = torch.randn(3, 6, 3, dtype=d64)
+    const = torch.full((6,), 0.7, dtype=d64)
+    torch.testing.assert_close(after(Q, K, V, const), ex.solution(Q, K, V, const))
+    gates = torch.sigmoid(torch.randn(6, dtype=d64))
+    assert not torch.allclose(after(Q, K, V, gates), ex.solution(Q, K, V, gates))
+
+
+def test_gated_and_random_feature_errors():
+    Q = torch.randn(5, 3)
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        la.gated_linear_attention_parallel(Q, Q, Q, 1.5)
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        la.gated_linear_attention_recurrent(Q, Q, Q, torch.zeros(5))
+    with pytest.raises(ValueError, match="one decay per token"):
+        la.gated_linear_attention_parallel(Q, Q, Q, torch.full((4,), 0.5))
+    with pytest.raises(ValueError, match="floating point decays"):
+        la.gated_linear_attention_parallel(Q, Q, Q, torch.ones(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="float or a tensor"):
+        la.gated_linear_attention_parallel(Q, Q, Q, "0.5")
+    with pytest.raises(ValueError, match="one shape"):
+        la.gated_linear_attention_parallel(Q, torch.randn(4, 3), Q, 0.5)
+    with pytest.raises(ValueError, match="tensor"):
+        la.decay_matrix(0.5)
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        la.decay_matrix(torch.tensor([0.5, -0.1]))
+    with pytest.raises(ValueError, match="width 3"):
+        la.positive_random_features(torch.randn(2, 4), torch.randn(8, 3))
+    with pytest.raises(ValueError, match=r"\(d_psi, d_k\)"):
+        la.positive_random_features(torch.randn(2, 4), torch.randn(8))
+    with pytest.raises(ValueError, match="d_psi must be an int"):
+        la.positive_random_feature_map(4, 0)
+    with pytest.raises(ValueError, match="scale must be > 0"):
+        la.positive_random_feature_map(4, 8, scale=0.0)
+
+
+def test_gated_exercise_solution_is_the_package_and_its_mistakes_differ():
+    ex = _get("relations.gated_linear_attention")
+    for trial in range(ex.trials):
+        args = ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
+        expected = ex.solution(*args)
+        torch.testing.assert_close(expected, la.gated_linear_attention_recurrent(*args))
+        torch.testing.assert_close(expected, la.gated_linear_attention_parallel(*args))
+        for mistake in ex.mistakes:
+            assert not torch.allclose(mistake.wrong(*args), expected), mistake.why
+
+
+def test_the_labs_gated_mistakes_are_diagnosed():
+    def decay_after_update(Q, K, V, gamma):
+        Gamma = torch.zeros(K.shape[1], V.shape[1], dtype=Q.dtype)
+        zeta = torch.zeros(K.shape[1], dtype=Q.dtype)
+        ys = []
+        for t in range(Q.shape[0]):
+            Gamma = gamma[t] * (Gamma + torch.outer(F.elu(K[t]) + 1, V[t]))
+            zeta = gamma[t] * (zeta + F.elu(K[t]) + 1)
+            q = F.elu(Q[t]) + 1
+            ys.append((q @ Gamma) / (q @ zeta))
+        return torch.stack(ys)
+
+    fb = check("relations.gated_linear_attention", decay_after_update)
+    assert not fb and "AFTER adding" in fb.message

@@ -365,8 +365,8 @@ def beam_search(
 
     Every source keeps at most ``beam_size`` live hypotheses, ranked by their sum of
     log-probabilities. Each step extends every live hypothesis by every token and keeps the
-    ``beam_size`` best extensions; those ending in ``eos`` are finished and leave the beam (which
-    narrows, as in Jurafsky and Martin's description), and at ``max_len`` generated tokens every
+    ``beam_size`` best extensions; those ending in ``eos`` are finished and leave the beam, which
+    narrows by one for each, and at ``max_len`` generated tokens every
     hypothesis still live is finished as it stands. The search stops when no hypothesis is live. The
     encoder and the memory's keys and values run once per source (as in :meth:`Seq2Seq.greedy_decode`);
     the decoder's self-attention caches are reordered after each step to follow the hypotheses kept.
@@ -453,23 +453,24 @@ def exhaustive_search(
     scores = torch.empty(src.shape[0], dtype=torch.float64)
     with eval_mode(model):
         for b in range(src.shape[0]):
-            best, best_y = -math.inf, None
-            frontier = [([bos], 0.0)]  # unfinished prefixes and their sum of log-probabilities
+            best, best_y = -math.inf, []
+            prefixes = torch.full((1, 1), bos, device=src.device)  # the unfinished prefixes
+            sums = torch.zeros(1, dtype=torch.float64, device=src.device)  # their sum of log p
             for t in range(1, max_len + 1):
-                grown = []
-                for prefix, lp_sum in frontier:
-                    prefix_t = torch.tensor([prefix], device=src.device)
-                    logits = model(src[b : b + 1], prefix_t)[0][0, -1].double()
-                    log_p = torch.log_softmax(logits, dim=-1).tolist()
-                    for w, lw in enumerate(log_p):
-                        y, total = [*prefix, w], lp_sum + lw
-                        if w == eos or t == max_len:  # a leaf: score it
-                            score = total / ((5 + t) / 6) ** alpha
-                            if score > best:
-                                best, best_y = score, y
-                        else:
-                            grown.append((y, total))
-                frontier = grown
+                n = prefixes.shape[0]  # every prefix of t - 1 tokens, one full pass each
+                logits = model(src[b : b + 1].expand(n, -1), prefixes)[0][:, -1].double()
+                total = sums[:, None] + torch.log_softmax(logits, dim=-1)  # (n, V)
+                leaf = torch.zeros_like(total, dtype=torch.bool)
+                leaf[:, eos] = True  # ending with EOS, or reaching max_len, makes a leaf
+                if t == max_len:
+                    leaf[:] = True
+                for i, w in leaf.nonzero().tolist():
+                    score = total[i, w].item() / ((5 + t) / 6) ** alpha  # (eq-ed-beam-score)
+                    if score > best:
+                        best, best_y = score, [*prefixes[i].tolist(), w]
+                grow = (~leaf).nonzero()  # (n', 2): prefix and token of every unfinished one
+                prefixes = torch.cat([prefixes[grow[:, 0]], grow[:, 1:]], dim=1)
+                sums = total[grow[:, 0], grow[:, 1]]
             out[b, : len(best_y)] = torch.tensor(best_y)
             scores[b] = best
     return out.to(src.device), scores.to(src.device)

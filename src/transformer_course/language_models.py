@@ -433,9 +433,9 @@ def attention_maps(model: nn.Module, idx: Tensor) -> list[Tensor]:
     """Every head's attention weights for the token ids ``idx`` ``(B, N)``: one ``(B, H, N, N)`` tensor
     per block of ``model.stack`` (a :class:`GPT`, or any model built on a stack, e.g. chapter *Claims
     tested*'s ``ClaimsLM``), row ``n`` the weights with which token ``n`` attends to tokens ``1..n``.
-    Each layer recomputes them (:meth:`.multihead.SelfAttention.attention_map`) from the input its block hands it
-    during one forward pass in evaluation mode, without gradients (the fused attention kernel never
-    forms them)."""
+    Each layer recomputes them (:meth:`.multihead.SelfAttention.attention_map`) from the input its
+    block hands it during one forward pass in evaluation mode, without gradients (the fused attention
+    kernel never forms them)."""
     if idx.dim() != 2:
         raise ValueError(f"idx must be token ids of shape (B, N), got shape {tuple(idx.shape)}")
     inputs: list[Tensor] = []

@@ -1,6 +1,7 @@
 """Exercises of the *Encoder-decoder* lab: shifted targets for teacher forcing, the key padding mask,
-cross-attention from scratch, the decoder's causal + padding mask, and a whole encoder-decoder
-assembled from the package's blocks (``encoder_decoder.seq2seq``).
+cross-attention from scratch, the decoder's causal + padding mask, the length-normalised score with
+which beam search chooses a finished hypothesis, and a whole encoder-decoder assembled from the
+package's blocks (``encoder_decoder.seq2seq``).
 
 Chapter: *Encoder-decoder* (Dramko 2025 sec. 5.1-5.2; Turner 2023 sec. 4.3; Vaswani et al. 2017).
 Token ids follow :class:`transformer_course.data.DateTask`: ``0`` is padding, ``1`` is BOS, ``2`` is
@@ -309,7 +310,99 @@ def causal_padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 5. Assemble the encoder-decoder from the package's blocks (the chapter's model equation; Vaswani et
+# 5. Beam search: the length-normalised score of finished hypotheses (Wu et al. 2016 sec. 7)
+
+
+def _finished_hypotheses(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, float]:
+    """``tokens (K, N + 1)``: BOS, characters, EOS, padding; ``log_probs (K, N)``: the log-probability
+    of each token after BOS, with junk (what a batched decoder leaves there) at padded positions."""
+    K, N = ((4, 6), (5, 8), (3, 5))[trial % 3]
+    y = _padded_targets(gen, K, N)  # (K, N): row 0 fills the width, the others are padded
+    y[1, 0], y[1, 1:] = EOS, PAD  # one hypothesis that stopped at once: |y| = 1
+    tokens = torch.cat([torch.full((K, 1), BOS), y], dim=1)
+    log_probs = -3 * torch.rand(K, N, generator=gen, dtype=torch.float64) - 0.05
+    alpha = 0.5 + 0.5 * float(torch.rand((), generator=gen, dtype=torch.float64))
+    return tokens, log_probs, alpha
+
+
+def _masked(tokens: Tensor, log_probs: Tensor) -> tuple[Tensor, Tensor]:
+    """The real tokens' mask ``(K, N)`` (EOS included, BOS and padding not) and ``|y|`` ``(K,)``."""
+    real = tokens[:, 1:] != PAD
+    return real, real.sum(dim=1).to(log_probs.dtype)
+
+
+def _wu(length: Tensor, alpha: float) -> Tensor:
+    return ((5 + length) / 6) ** alpha
+
+
+def _score_without_eos(tokens: Tensor, log_probs: Tensor, alpha: float) -> Tensor:
+    real = (tokens[:, 1:] != PAD) & (tokens[:, 1:] != EOS)
+    return (log_probs * real).sum(dim=1) / _wu(real.sum(dim=1).to(log_probs.dtype), alpha)
+
+
+@exercise(
+    name="encoder_decoder.beam_scores",
+    prompt=(
+        "Beam search has finished K hypotheses and must choose one. tokens (K, N + 1) holds each: BOS "
+        "(1), the generated tokens ending with EOS (2), then padding (0). log_probs (K, N) holds "
+        "log p of tokens[:, 1:], each given what precedes it; at padded positions it holds junk that "
+        "must not count. Return the (K,) length-normalised scores of Wu et al. (2016): "
+        "log p(y | x) / ((5 + |y|) / 6) ** alpha, where log p(y | x) is the sum of the log-"
+        "probabilities of the generated tokens (EOS included) and |y| counts those tokens (EOS "
+        "included, BOS and padding not). Beam search keeps the hypothesis with the highest score."
+    ),
+    make_inputs=_finished_hypotheses,
+    mistakes=[
+        Mistake(
+            "there is no length normalisation: you returned log p(y | x) itself, which favours short "
+            "hypotheses (every token adds a negative log-probability). Divide by "
+            "((5 + |y|) / 6) ** alpha.",
+            lambda t, lp, a: (lp * _masked(t, lp)[0]).sum(dim=1),
+        ),
+        Mistake(
+            "|y| counts BOS: the penalty counts the generated tokens only (EOS included), the ones "
+            "whose log-probabilities are summed; BOS is given, not generated.",
+            lambda t, lp, a: (lp * _masked(t, lp)[0]).sum(dim=1) / _wu(_masked(t, lp)[1] + 1, a),
+        ),
+        Mistake(
+            "|y| counts the padding: every hypothesis gets the length of the whole tensor. Count only "
+            "the real tokens, tokens[:, 1:] != PAD.",
+            lambda t, lp, a: (
+                (lp * _masked(t, lp)[0]).sum(dim=1) / _wu(lp.new_tensor(lp.shape[1]), a)
+            ),
+        ),
+        Mistake(
+            "the log-probabilities at padded positions are summed too: they are junk left by batched "
+            "decoding, not part of the hypothesis. Mask them out before summing.",
+            lambda t, lp, a: lp.sum(dim=1) / _wu(_masked(t, lp)[1], a),
+        ),
+        Mistake(
+            "EOS is left out (of the sum, of the length or both): the decision to stop is a token "
+            "the model predicted, with its own probability, and counts in both.",
+            _score_without_eos,
+        ),
+        Mistake(
+            "you multiplied probabilities and normalised the product: the score divides the sum of "
+            "log-probabilities, log p(y | x), by the penalty, not the probability p(y | x) (a product "
+            "of many probabilities also underflows).",
+            lambda t, lp, a: (lp * _masked(t, lp)[0]).sum(dim=1).exp() / _wu(_masked(t, lp)[1], a),
+        ),
+        Mistake(
+            "the penalty is |y| ** alpha, another normalisation in use; this exercise and the chapter "
+            "use Wu et al.'s ((5 + |y|) / 6) ** alpha, which equals 1 at |y| = 1.",
+            lambda t, lp, a: (lp * _masked(t, lp)[0]).sum(dim=1) / _masked(t, lp)[1] ** a,
+        ),
+    ],
+)
+def beam_scores(tokens: Tensor, log_probs: Tensor, alpha: float) -> Tensor:
+    real = tokens[:, 1:] != PAD  # (K, N): the generated tokens, EOS included; BOS is column 0
+    log_p = (log_probs * real).sum(dim=1)  # (K,): log p(y | x), junk at padded positions dropped
+    length = real.sum(dim=1).to(log_probs.dtype)  # (K,): |y|
+    return log_p / ((5 + length) / 6) ** alpha  # (K,)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. Assemble the encoder-decoder from the package's blocks (the chapter's model equation; Vaswani et
 #    al. 2017 sec. 3; Dramko 2025 sec. 5.1)
 
 

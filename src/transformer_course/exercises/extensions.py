@@ -1,12 +1,14 @@
-"""Exercises of the *Extensions* lab: rotary position embeddings, RMSNorm, grouped-query attention and
-the online-softmax recurrence.
+"""Exercises of the *Extensions* lab: rotary position embeddings, RMSNorm, grouped-query attention,
+the online-softmax recurrence, and the top-k router and load-balancing loss of a mixture of experts.
 
 Chapter: *Extensions* (Su et al. 2024; Zhang & Sennrich 2019; Shazeer 2019; Ainslie et al. 2023;
-Milakov & Gimelshein 2018). Every input is float64 so the checkers can use tight tolerances, and each
-input is chosen so that every listed mistake gives different numbers from the solution: positions are
-not ``0 .. N-1`` (a solution that ignores them differs), tokens are not centred (subtracting the mean
-matters), there are at least two key-value heads serving at least two query heads each (the two ways
-of sharing them differ), and the scores are large (an exponential without a maximum overflows).
+Milakov & Gimelshein 2018; Shazeer et al. 2017; Fedus et al. 2022). Every input is float64 so the
+checkers can use tight tolerances, and each input is chosen so that every listed mistake gives
+different numbers from the solution: positions are not ``0 .. N-1`` (a solution that ignores them
+differs), tokens are not centred (subtracting the mean matters), there are at least two key-value heads
+serving at least two query heads each (the two ways of sharing them differ), the scores are large (an
+exponential without a maximum overflows), and routers have k >= 1 of N_e >= 4 experts with skewed
+probabilities (so counts, fractions and the factor N_e all differ).
 """
 
 from __future__ import annotations
@@ -265,3 +267,120 @@ def online_softmax(S: Tensor) -> Tensor:
         lam = lam * torch.exp(mu - mu_new) + torch.exp(S[:, j] - mu_new)  # rescale, then add
         mu = mu_new
     return torch.exp(S - mu[:, None]) / lam[:, None]
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. Mixture of experts: top-k routing and the load-balancing loss
+
+
+def _router_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, int]:
+    N, D, n_experts, k = ((6, 5, 4, 2), (9, 4, 6, 3), (5, 6, 5, 2))[trial % 3]
+    return randn(gen, N, D), randn(gen, D, n_experts), k
+
+
+def _router_wrong(X, W_r, k, *, mistake):
+    S = X @ W_r  # (N, N_e) logits
+    if mistake == "not renormalised":
+        G = torch.softmax(S, dim=-1)
+        top, idx = G.topk(k, dim=-1)
+        return torch.zeros_like(G).scatter(-1, idx, top)
+    if mistake == "softmax over tokens":
+        G = torch.softmax(S, dim=0)
+        top, idx = G.topk(k, dim=-1)
+        return torch.zeros_like(G).scatter(-1, idx, top / top.sum(-1, keepdim=True))
+    if mistake == "zeros not -inf":  # the other logits set to 0 before the softmax
+        idx = S.topk(k, dim=-1).indices
+        kept = torch.zeros_like(S).scatter(-1, idx, S.gather(-1, idx))
+        G = torch.softmax(kept, dim=-1)
+        return torch.zeros_like(G).scatter(-1, idx, G.gather(-1, idx))
+    raise ValueError(mistake)
+
+
+@exercise(
+    name="extensions.top_k_router",
+    prompt=(
+        "X is (N, D) tokens, W_r (D, N_e) the router's map, k an int. Return the (N, N_e) matrix of "
+        "routing weights: G = softmax of X @ W_r over the experts; keep the k largest entries of "
+        "each row, divided by their sum so that they sum to 1; every other entry is 0."
+    ),
+    make_inputs=_router_inputs,
+    mistakes=[
+        Mistake(
+            "the k kept probabilities are not renormalised: each row of your weights sums to less "
+            "than 1. Divide the kept G_ni by their sum (this exercise follows Shazeer et al. and "
+            "GShard; only the Switch Transformer, with k = 1, keeps the raw probability).",
+            lambda X, W_r, k: _router_wrong(X, W_r, k, mistake="not renormalised"),
+        ),
+        Mistake(
+            "the softmax ran over the tokens (dim=0) instead of over the experts (dim=-1): each "
+            "token's probabilities must sum to 1 across the N_e experts.",
+            lambda X, W_r, k: _router_wrong(X, W_r, k, mistake="softmax over tokens"),
+        ),
+        Mistake(
+            "you set the logits of the experts not chosen to 0 and then took the softmax over all "
+            "experts: a logit of 0 still gets weight exp(0). Set them to -inf (or take the softmax "
+            "over the k kept logits only, or renormalise the kept probabilities).",
+            lambda X, W_r, k: _router_wrong(X, W_r, k, mistake="zeros not -inf"),
+        ),
+    ],
+)
+def top_k_router(X: Tensor, W_r: Tensor, k: int) -> Tensor:
+    G = torch.softmax(X @ W_r, dim=-1)  # (N, N_e): each token's probabilities over the experts
+    top, idx = G.topk(k, dim=-1)  # (N, k): the k most probable experts of each token
+    return torch.zeros_like(G).scatter(-1, idx, top / top.sum(dim=-1, keepdim=True))
+
+
+def _balance_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, float]:
+    N, n_experts, k = ((12, 4, 2), (10, 5, 1), (16, 6, 3))[trial % 3]
+    probs = torch.softmax(2.0 * randn(gen, N, n_experts) + randn(gen, n_experts), dim=-1)
+    return probs, probs.topk(k, dim=-1).indices, (0.01, 0.1, 1.0)[trial % 3]
+
+
+def _balance_wrong(probs, experts, alpha, *, mistake):
+    N, n_experts = probs.shape
+    k = experts.shape[1]
+    counts = torch.zeros(n_experts, dtype=probs.dtype)
+    for i in experts.reshape(-1).tolist():
+        counts[i] += 1
+    f = counts if mistake == "counts" else counts / (k * N)
+    P = probs.mean(dim=0)
+    if mistake == "P twice":
+        f = P
+    scale = 1.0 if mistake == "no E" else n_experts
+    return alpha * scale * (f * P).sum()
+
+
+@exercise(
+    name="extensions.load_balancing_loss",
+    prompt=(
+        "probs is (N, N_e), each row a token's router probabilities; experts is (N, k), the experts "
+        "each token was sent to; alpha a float. Return the Switch load-balancing loss (a scalar "
+        "tensor) alpha * N_e * sum_i f_i * P_i, where f_i is the fraction of the k*N choices that "
+        "went to expert i and P_i the mean of probs[:, i] over the tokens."
+    ),
+    make_inputs=_balance_inputs,
+    mistakes=[
+        Mistake(
+            "f_i counts the choices of expert i instead of their fraction: divide by the k*N "
+            "choices, so that the f_i sum to 1 (otherwise the loss grows with the batch).",
+            lambda probs, experts, alpha: _balance_wrong(probs, experts, alpha, mistake="counts"),
+        ),
+        Mistake(
+            "the factor N_e is missing: without it the loss at perfect balance is alpha / N_e, "
+            "and changes with the number of experts; with it, perfect balance gives alpha.",
+            lambda probs, experts, alpha: _balance_wrong(probs, experts, alpha, mistake="no E"),
+        ),
+        Mistake(
+            "you used the mean probability P_i in both factors (N_e sum_i P_i^2): the first factor "
+            "must be f_i, the fraction of choices actually dispatched to expert i.",
+            lambda probs, experts, alpha: _balance_wrong(probs, experts, alpha, mistake="P twice"),
+        ),
+    ],
+)
+def load_balancing_loss(probs: Tensor, experts: Tensor, alpha: float) -> Tensor:
+    (N, n_experts), k = probs.shape, experts.shape[1]
+    counts = torch.zeros(n_experts, dtype=probs.dtype)  # choices per expert
+    counts.index_add_(0, experts.reshape(-1), torch.ones(k * N, dtype=probs.dtype))
+    f = counts / (k * N)  # fraction of the k*N choices per expert
+    P = probs.mean(dim=0)  # mean router probability per expert
+    return alpha * n_experts * (f * P).sum()

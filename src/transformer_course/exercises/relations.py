@@ -1,12 +1,15 @@
 """Exercises of the *Relations to CNNs, RNNs and GNNs* lab: the attention matrices of a convolution,
-linear attention's running sums, and attention restricted to the edges of a graph.
+linear attention's running sums, the same sums with a gated (decaying) state, and attention restricted to
+the edges of a graph.
 
 Chapter: *Relations to CNNs, RNNs and GNNs* (Turner 2023, footnotes 4, 10 and 15; Katharopoulos et al.
-2020; Velickovic et al. 2018). Every input is float64, so the checkers can use tight tolerances. The
-first trial of the convolution exercise has an even number of taps, where a flipped kernel, a
-transposed matrix and the two possible centres all give different matrices; the graphs are directed
-(an edge list, rows ``(m, n)`` for ``m -> n``) with a self-loop on every node, so that no node is left
-without a neighbour whichever way the mask is read.
+2020; Sun et al. 2023; Yang et al. 2024; Dao and Gu 2024; Velickovic et al. 2018). Every input is
+float64, so the checkers can use tight tolerances. The first trial of the convolution exercise has an
+even number of taps, where a flipped kernel, a transposed matrix and the two possible centres all give
+different matrices; the graphs are directed (an edge list, rows ``(m, n)`` for ``m -> n``) with a
+self-loop on every node, so that no node is left without a neighbour whichever way the mask is read.
+The gated exercise draws a different gate for every token: with one constant gate, decaying after the
+update would cancel in the normalised output.
 """
 
 from __future__ import annotations
@@ -262,3 +265,95 @@ def graph_attention(X: Tensor, edges: Tensor, W_q: Tensor, W_k: Tensor, W_v: Ten
     S = (X @ W_q) @ (X @ W_k).T / math.sqrt(W_q.shape[1])  # (N, N) scores
     A = torch.softmax(S.masked_fill(~mask, float("-inf")), dim=-1)  # softmax over in-neighbours
     return A @ (X @ W_v)  # (N, d_v)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. Linear attention with a gated (decaying) state
+
+
+def _gated_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    N, d_k, d_v = ((6, 3, 2), (8, 4, 3), (7, 2, 4))[trial % 3]
+    gamma = torch.sigmoid(2 * randn(gen, N))  # (N,): one gate per token, in (0, 1), all different
+    return randn(gen, N, d_k), randn(gen, N, d_k), randn(gen, N, d_v), gamma
+
+
+def _gated(Q, K, V, gamma, decay=None, order="before", decay_zeta=True, normalise=True):
+    """The gated recurrence with a chosen mistake; decay(t) gives the factor applied at step t."""
+    decay = decay or (lambda t: gamma[t])
+    Gamma = torch.zeros(K.shape[1], V.shape[1], dtype=Q.dtype)
+    zeta = torch.zeros(K.shape[1], dtype=Q.dtype)
+    ys = []
+    for t in range(Q.shape[0]):
+        g, pk = decay(t), _psi(K[t])
+        if order == "before":
+            Gamma = g * Gamma + torch.outer(pk, V[t])
+            zeta = (g if decay_zeta else 1.0) * zeta + pk
+        else:  # decay after adding token t
+            Gamma = g * (Gamma + torch.outer(pk, V[t]))
+            zeta = (g if decay_zeta else 1.0) * (zeta + pk)
+        q = _psi(Q[t])
+        ys.append((q @ Gamma) / (q @ zeta) if normalise else q @ Gamma)
+    return torch.stack(ys)
+
+
+def _current_gate_power(Q, K, V, gamma):
+    """gamma_n^(n - m): the current token's gate used for every step back."""
+    N = Q.shape[0]
+    n, m = torch.arange(N)[:, None], torch.arange(N)[None, :]
+    D = (gamma[:, None] ** (n - m).clamp(min=0)) * (m <= n)
+    A = (_psi(Q) @ _psi(K).T) * D
+    return (A @ V) / A.sum(-1, keepdim=True)
+
+
+@exercise(
+    name="relations.gated_linear_attention",
+    prompt=(
+        "Q, K are (N, d_k), V is (N, d_v) and gamma is (N,), one gate in (0, 1) per token. With "
+        "psi(x) = F.elu(x) + 1, run linear attention with a decaying state, one token at a time: start "
+        "from Gamma = 0 (d_k, d_v) and zeta = 0 (d_k,); for t = 0..N-1 first multiply both by "
+        "gamma[t], then add psi(k_t) v_t^T to Gamma and psi(k_t) to zeta, then output "
+        "y_t = (psi(q_t) @ Gamma) / (psi(q_t) @ zeta). Return Y of shape (N, d_v)."
+    ),
+    make_inputs=_gated_inputs,
+    mistakes=[
+        Mistake(
+            "you decayed the state AFTER adding the new token, so token t is already multiplied by "
+            "its own gate gamma_t: the weight of token m at step n became gamma_m ... gamma_n instead "
+            "of gamma_{m+1} ... gamma_n. Decay first (the old state forgets), then add psi(k_t) v_t^T.",
+            lambda Q, K, V, g: _gated(Q, K, V, g, order="after"),
+        ),
+        Mistake(
+            "the normaliser zeta is not decayed: it must forget at the same rate as Gamma "
+            "(zeta_t = gamma_t zeta_{t-1} + psi(k_t)), otherwise the weights of a query no longer sum "
+            "to one and old tokens still count in the denominator.",
+            lambda Q, K, V, g: _gated(Q, K, V, g, decay_zeta=False),
+        ),
+        Mistake(
+            "the normaliser is missing: psi(q_t) @ Gamma_t is only the numerator; divide it by "
+            "psi(q_t) @ zeta_t, with zeta decayed like Gamma.",
+            lambda Q, K, V, g: _gated(Q, K, V, g, normalise=False),
+        ),
+        Mistake(
+            "the state never forgets: that is plain linear attention. Multiply Gamma and zeta by "
+            "gamma[t] at every step, before adding token t.",
+            lambda Q, K, V, g: _gated(Q, K, V, g, decay=lambda t: 1.0),
+        ),
+        Mistake(
+            "you weighted token m at step n by gamma_n^(n - m), the current token's gate for every "
+            "step back, as if the gate were RetNet's constant decay. With a gate per token the weight "
+            "is the product gamma_{m+1} gamma_{m+2} ... gamma_n of the gates that came after token m.",
+            _current_gate_power,
+        ),
+    ],
+)
+def gated_linear_attention(Q: Tensor, K: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
+    psi = lambda x: F.elu(x) + 1  # noqa: E731  (positive features)
+    Gamma = torch.zeros(K.shape[1], V.shape[1], dtype=Q.dtype)  # (d_k, d_v)
+    zeta = torch.zeros(K.shape[1], dtype=Q.dtype)  # (d_k,)
+    ys = []
+    for t in range(Q.shape[0]):
+        Gamma = gamma[t] * Gamma + torch.outer(psi(K[t]), V[t])  # forget first, then add token t
+        zeta = gamma[t] * zeta + psi(K[t])  # the normaliser forgets at the same rate
+        q = psi(Q[t])
+        ys.append((q @ Gamma) / (q @ zeta))  # (d_v,)
+    return torch.stack(ys)  # (N, d_v)

@@ -12,9 +12,12 @@ Each part is a small function or class, with a reference that reads like its equ
   size of its cache, :func:`kv_cache_bytes`;
 * exact attention in less memory: :func:`online_softmax` (Milakov & Gimelshein 2018) and
   :func:`tiled_attention` (Dao et al. 2022), with :func:`largest_intermediate` and
-  :func:`peak_memory` to measure what they save;
-* local attention: :func:`sliding_window_mask` for :class:`.multihead.SelfAttention`, and the banded
-  :func:`sliding_window_attention`;
+  :func:`peak_memory` to measure what they save; its backward pass recomputed from the stored
+  log-sum-exp (:func:`tiled_attention_with_grad`; Dao 2024) and the memory traffic of both forms
+  (:func:`tiled_attention_io`, :class:`IOCounter`);
+* local attention: :func:`sliding_window_mask` for :class:`.multihead.SelfAttention`, the banded
+  :func:`sliding_window_attention`, the rolling-buffer cache :class:`RollingKVCache` (Jiang et al.
+  2023) and stacks of local and global layers (:func:`local_global_windows`; Gemma Team 2024);
 * a modern GPT assembled from these parts (:class:`ModernGPT`: RMSNorm, SwiGLU, RoPE, no position
   table; Touvron et al. 2023), reusing the course's pre-norm block, stack, GPT and training loop.
 
@@ -26,7 +29,20 @@ older torch; nothing here requires them.
 from __future__ import annotations
 
 from .alibi import alibi_attention, alibi_attention_reference, alibi_bias, alibi_slopes
-from .flash import largest_intermediate, online_softmax, peak_memory, tiled_attention
+from .flash import (
+    IOCounter,
+    TiledAttentionFunction,
+    largest_intermediate,
+    materialised_attention,
+    materialised_attention_io,
+    online_softmax,
+    peak_memory,
+    tiled_attention,
+    tiled_attention_backward,
+    tiled_attention_forward,
+    tiled_attention_io,
+    tiled_attention_with_grad,
+)
 from .gated_mlp import GATES, GatedMLP, SwiGLU, gated_mlp_reference, swiglu_hidden
 from .grouped_query import GroupedQueryAttention, gqa_reference, kv_cache_bytes, repeat_kv
 from .modern_gpt import (
@@ -50,6 +66,13 @@ from .rope import (
     rope_rotation_matrix,
 )
 from .sliding_window import (
+    RollingKVCache,
+    decode_windowed,
+    forward_with_masks,
+    interleaved_masks,
+    kv_cache_entries,
+    local_global_windows,
+    receptive_field,
     sliding_window_attention,
     sliding_window_attention_reference,
     sliding_window_edges,
@@ -63,13 +86,16 @@ __all__ = [
     "MODERN_CPU_RECIPE",
     "GatedMLP",
     "GroupedQueryAttention",
+    "IOCounter",
     "ModernBlock",
     "ModernGPT",
     "ModernGPTConfig",
     "RMSNorm",
+    "RollingKVCache",
     "RotaryBlock",
     "RotaryEmbedding",
     "SwiGLU",
+    "TiledAttentionFunction",
     "alibi_attention",
     "alibi_attention_reference",
     "alibi_bias",
@@ -78,12 +104,20 @@ __all__ = [
     "apply_rope_complex",
     "apply_rope_halves",
     "apply_rope_reference",
+    "decode_windowed",
+    "forward_with_masks",
     "gated_mlp_reference",
     "gqa_reference",
+    "interleaved_masks",
     "kv_cache_bytes",
+    "kv_cache_entries",
     "largest_intermediate",
+    "local_global_windows",
+    "materialised_attention",
+    "materialised_attention_io",
     "online_softmax",
     "peak_memory",
+    "receptive_field",
     "repeat_kv",
     "rms_norm_reference",
     "rope_frequencies",
@@ -95,6 +129,10 @@ __all__ = [
     "sliding_window_mask",
     "swiglu_hidden",
     "tiled_attention",
+    "tiled_attention_backward",
+    "tiled_attention_forward",
+    "tiled_attention_io",
+    "tiled_attention_with_grad",
     "torch_lacks",
     "train_modern_lm",
 ]

@@ -1,4 +1,5 @@
-"""Extensions: aLiBi: linear biases."""
+"""Extensions: ALiBi: linear biases, and a causal model built with them (a layer, a block and a
+position scheme of chapter *Claims*' length experiment)."""
 
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ class ALiBiBlock(PreNormBlock):
     """:class:`.block.PreNormBlock` with :class:`ALiBiSelfAttention` and nothing else changed
     (LayerNorm, the GELU MLP, biases): the block that isolates ALiBi in the length-generalisation
     experiment of chapter *Claims* (:func:`alibi_scheme`), as :class:`.RotaryBlock` isolates RoPE.
-    Causal unless told otherwise (``causal=False`` is refused)."""
+    Always causal: ``causal=False`` is refused."""
 
     def __init__(self, d_model: int, H: int, **kwargs) -> None:
         kwargs.setdefault("causal", True)

@@ -103,7 +103,8 @@ def top_k_router(X: Tensor, W_r: Tensor, k: int, renormalise: bool = True) -> Ro
     gates by their sum). With ``renormalise=False`` the weights are the probabilities ``G_ni``
     themselves, the convention of the Switch Transformer (``k = 1``; renormalising would make its one
     weight 1, and the output would carry no gradient to the router). Shazeer et al.'s noise on the
-    logits is left out. Ties between probabilities are broken by ``torch.topk``.
+    logits is left out, and so is GShard's random dispatch of the second choice. Ties between
+    probabilities are broken by ``torch.topk``.
 
     Args:
         X: ``(N, D)`` tokens; W_r: ``(D, N_e)`` the router's map; k: experts per token.
@@ -133,8 +134,9 @@ def expert_capacity(
     Implements: eq-ext-moe-capacity
 
     ``k N / N_e`` is an expert's share of the ``k N`` choices when the load is perfectly balanced;
-    ``kappa > 1`` leaves room for imbalance (Switch trains with 1.0 to 1.25). ``capacity_factor=None``
-    means no limit (``C_e = N``: a token picks an expert at most once, so nothing is ever dropped).
+    ``kappa > 1`` leaves room for imbalance (Switch reports values such as 1.0, 1.25 and 2.0).
+    ``capacity_factor=None`` means no limit (``C_e = N``: a token picks an expert at most once, so
+    nothing is ever dropped).
     The ceiling forgives a rounding error of ``1e-9`` so that an exact product is not rounded up.
 
     Raises:
@@ -156,6 +158,8 @@ def expert_capacity(
 
 def capacity_keep(experts: Tensor, n_experts: int, capacity: int) -> Tensor:
     """Which choices an expert of ``capacity`` slots can serve: ``(N, k)`` boolean, False = dropped.
+
+    Implements: eq-ext-moe-capacity
 
     The rule (GShard's order): every token's first choice is served before any second choice, and
     within one rank earlier tokens come first; an expert serves choices until its ``capacity`` slots
@@ -287,14 +291,12 @@ class MixtureOfExperts(nn.Module):
         counts = torch.bincount(expert_ids, minlength=self.n_experts).tolist()
         Y = torch.zeros_like(flat)
         for expert, t, w in zip(
-            self.experts, token_ids[order].split(counts), weights[order].split(counts)
+            self.experts, token_ids[order].split(counts), weights[order].split(counts), strict=True
         ):
             if len(t):  # gather this expert's tokens, run it on them only, scatter back
                 Y = Y.index_add(0, t, w[:, None] * expert(flat[t]))
         aux = load_balancing_loss(routing.probs, routing.experts, self.alpha)
-        return MoEOutput(
-            Y.reshape(X.shape), aux, (~keep).reshape(*X.shape[:-1], self.k), routing
-        )
+        return MoEOutput(Y.reshape(X.shape), aux, (~keep).reshape(*X.shape[:-1], self.k), routing)
 
 
 def moe_reference(
@@ -318,7 +320,9 @@ def moe_reference(
     n_experts = W_r.shape[1]
     chosen, rho = [], []
     for n in range(N):
-        scores = [sum(X[n, d].item() * W_r[d, i].item() for d in range(D)) for i in range(n_experts)]
+        scores = [
+            sum(X[n, d].item() * W_r[d, i].item() for d in range(D)) for i in range(n_experts)
+        ]
         top = max(scores)
         exps = [math.exp(s - top) for s in scores]
         G = [e / sum(exps) for e in exps]
@@ -366,7 +370,9 @@ def moe_parameter_counts(
     if expert not in EXPERT_KINDS:
         raise ValueError(f"unknown expert kind {expert!r}; choose one of {EXPERT_KINDS}")
     if min(d_model, d_ff, n_experts) < 1:
-        raise ValueError(f"need positive sizes, got d_model={d_model}, d_ff={d_ff}, n_experts={n_experts}")
+        raise ValueError(
+            f"need positive sizes, got d_model={d_model}, d_ff={d_ff}, n_experts={n_experts}"
+        )
     _check_k(k, n_experts)
     per_expert = 2 * d_model * d_ff + d_ff + d_model if expert == "mlp" else 3 * d_model * d_ff
     router = d_model * n_experts

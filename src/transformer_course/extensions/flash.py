@@ -61,9 +61,7 @@ class IOCounter:
 def _check_blocks(block_q: int, block_k: int) -> None:
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(
-                f"block sizes must be positive ints (rows per tile), got {name}={b!r}"
-            )
+            raise ValueError(f"block sizes must be positive ints (rows per tile), got {name}={b!r}")
 
 
 def _check_causal(N: int, M: int, causal: bool) -> None:
@@ -74,17 +72,24 @@ def _check_causal(N: int, M: int, causal: bool) -> None:
         )
 
 
-def _tiled_forward(
+def tiled_attention_forward(
     Q: Tensor,
     K: Tensor,
     V: Tensor,
-    block_q: int,
-    block_k: int,
-    causal: bool,
-    scale: float | None,
+    block_q: int = 64,
+    block_k: int = 64,
+    causal: bool = False,
+    scale: float | None = None,
     io: IOCounter | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The loop of :func:`tiled_attention`; returns the output and the row log-sum-exp ``L``."""
+    r"""The loop of :func:`tiled_attention`, returning what the backward pass needs: the output ``Y``
+    ``(..., N, d_v)`` and the row log-sum-exp ``rho`` ``(..., N)`` (the one statistic FlashAttention-2,
+    Dao 2024, keeps per row), book eq. ``eq-ext-lse``,
+    :math:`\rho_n = \log \sum_m e^{S_{nm}} = \mu_n + \log \lambda_n` from the running statistics at
+    the end of each row. Arguments as :func:`tiled_attention`.
+
+    Implements: eq-ext-lse
+    """
     _check_qkv(Q, K, V, None)
     _check_blocks(block_q, block_k)
     N, M = Q.shape[-2], K.shape[-2]
@@ -92,7 +97,7 @@ def _tiled_forward(
     scale = _default_scale(Q, scale)
     io = io or IOCounter()
     out = Q.new_empty(*Q.shape[:-1], V.shape[-1])  # (..., N, d_v)
-    lse = Q.new_empty(Q.shape[:-1])  # (..., N): L = mu + log(lambda), all the backward needs
+    lse = Q.new_empty(Q.shape[:-1])  # (..., N): rho = mu + log(lambda), all the backward needs
     for i0 in range(0, N, block_q):
         i1 = min(i0 + block_q, N)
         q = io.load(Q[..., i0:i1, :]) * scale  # (..., bq, d_k)
@@ -154,16 +159,16 @@ def tiled_attention(
 
     Implements: eq-ext-tiled
     """
-    return _tiled_forward(Q, K, V, block_q, block_k, causal, scale, io)[0]
+    return tiled_attention_forward(Q, K, V, block_q, block_k, causal, scale, io)[0]
 
 
 def tiled_attention_backward(
     Q: Tensor,
     K: Tensor,
     V: Tensor,
-    O: Tensor,
-    L: Tensor,
-    dO: Tensor,
+    Y: Tensor,
+    rho: Tensor,
+    dY: Tensor,
     block_q: int = 64,
     block_k: int = 64,
     causal: bool = False,
@@ -173,19 +178,19 @@ def tiled_attention_backward(
     r"""Gradients of tiled attention from what the forward kept, book eq. ``eq-ext-flash-bwd``
     (the backward pass of FlashAttention, Dao et al. 2022, sec. 3.1 and app. B).
 
-    The forward stores only the output ``O`` and the row log-sum-exp ``L`` (eq. ``eq-ext-lse``). First
-    :math:`D_n = \sum_i (dO)_{ni} O_{ni}` for every query; then, for each tile of ``block_k`` keys
+    The forward stores only the output ``Y`` and the row log-sum-exp ``rho`` (eq. ``eq-ext-lse``).
+    First :math:`\delta_n = \sum_i dY_{ni} Y_{ni}` for every query; then, for each tile of ``block_k`` keys
     (outer loop) and each tile of ``block_q`` queries (inner loop), the tile's weights are recomputed,
-    :math:`P = e^{S - L}` with :math:`S = c\, Q_i K_j^\top` (``c`` the scale), and
+    :math:`A = e^{S - \rho}` with :math:`S = c\, Q_i K_j^\top` (``c`` the scale), and
 
-    .. math:: dV_j \mathrel{+}= P^\top dO_i,\quad dP = dO_i V_j^\top,\quad
-              dS = P \odot (dP - D_i),\quad dQ_i \mathrel{+}= c\, dS\, K_j,\quad
+    .. math:: dV_j \mathrel{+}= A^\top dY_i,\quad dA = dY_i V_j^\top,\quad
+              dS = A \odot (dA - \delta_i),\quad dQ_i \mathrel{+}= c\, dS\, K_j,\quad
               dK_j \mathrel{+}= c\, dS^\top Q_i .
 
     Args:
         Q ``(..., N, d_k)``, K ``(..., M, d_k)``, V ``(..., M, d_v)``: the forward's inputs.
-        O ``(..., N, d_v)``, L ``(..., N)``: the forward's output and log-sum-exp.
-        dO ``(..., N, d_v)``: the gradient of the loss with respect to ``O``.
+        Y ``(..., N, d_v)``, rho ``(..., N)``: the forward's output and log-sum-exp.
+        dY ``(..., N, d_v)``: the gradient of the loss with respect to ``Y``.
         io: an :class:`IOCounter` tallying the blocks read and written (``dQ`` lives in main memory
             and is read and written once per key tile; ``dK_j, dV_j`` stay in fast memory until their
             key tile is done).
@@ -199,21 +204,21 @@ def tiled_attention_backward(
     _check_blocks(block_q, block_k)
     N, M = Q.shape[-2], K.shape[-2]
     _check_causal(N, M, causal)
-    want = {"O": (*Q.shape[:-1], V.shape[-1]), "L": tuple(Q.shape[:-1])}
-    want["dO"] = want["O"]
-    for name, t in (("O", O), ("L", L), ("dO", dO)):
+    want = {"Y": (*Q.shape[:-1], V.shape[-1]), "rho": tuple(Q.shape[:-1])}
+    want["dY"] = want["Y"]
+    for name, t in (("Y", Y), ("rho", rho), ("dY", dY)):
         if tuple(t.shape) != want[name]:
             raise ValueError(
                 f"{name} has shape {tuple(t.shape)} but Q {tuple(Q.shape)} and V {tuple(V.shape)} "
-                f"need {want[name]}; pass the O and L that the forward returned for these inputs"
+                f"need {want[name]}; pass the Y and rho that the forward returned for these inputs"
             )
     scale = _default_scale(Q, scale)
     io = io or IOCounter()
-    D = Q.new_empty(Q.shape[:-1])  # (..., N): D_n = dO_n . O_n
+    delta = Q.new_empty(Q.shape[:-1])  # (..., N): delta_n = dY_n . Y_n
     for i0 in range(0, N, block_q):
         i1 = min(i0 + block_q, N)
-        D_i = (io.load(dO[..., i0:i1, :]) * io.load(O[..., i0:i1, :])).sum(-1)
-        D[..., i0:i1] = io.store(D_i)
+        delta_i = (io.load(dY[..., i0:i1, :]) * io.load(Y[..., i0:i1, :])).sum(-1)
+        delta[..., i0:i1] = io.store(delta_i)
     dQ = torch.zeros_like(Q)  # in main memory: read, updated and written back by every key tile
     dK, dV = torch.empty_like(K), torch.empty_like(V)
     for j0 in range(0, M, block_k):
@@ -224,16 +229,16 @@ def tiled_attention_backward(
             i1 = min(i0 + block_q, N)
             if causal and i1 - 1 + M - N < j0:  # every query of this tile precedes every key
                 continue
-            Q_i, dO_i = io.load(Q[..., i0:i1, :]), io.load(dO[..., i0:i1, :])
-            L_i, D_i = io.load(L[..., i0:i1]), io.load(D[..., i0:i1])
+            Q_i, dY_i = io.load(Q[..., i0:i1, :]), io.load(dY[..., i0:i1, :])
+            rho_i, delta_i = io.load(rho[..., i0:i1]), io.load(delta[..., i0:i1])
             S = scale * (Q_i @ K_j.mT)  # (..., bq, bk)
             if causal:
                 q_pos = torch.arange(i0, i1, device=Q.device)[:, None] + (M - N)
                 S = S.masked_fill(torch.arange(j0, j1, device=Q.device) > q_pos, float("-inf"))
-            P = torch.exp(S - L_i[..., None])  # the tile's weights, recomputed
-            dV_j = dV_j + P.mT @ dO_i
-            dP = dO_i @ V_j.mT  # (..., bq, bk)
-            dS = P * (dP - D_i[..., None])
+            A = torch.exp(S - rho_i[..., None])  # the tile's weights, recomputed (eq-ext-lse)
+            dV_j = dV_j + A.mT @ dY_i
+            dA = dY_i @ V_j.mT  # (..., bq, bk)
+            dS = A * (dA - delta_i[..., None])
             dQ[..., i0:i1, :] = io.store(io.load(dQ[..., i0:i1, :]) + scale * (dS @ K_j))
             dK_j = dK_j + scale * (dS.mT @ Q_i)
         dK[..., j0:j1, :], dV[..., j0:j1, :] = io.store(dK_j), io.store(dV_j)
@@ -241,22 +246,22 @@ def tiled_attention_backward(
 
 
 class TiledAttentionFunction(torch.autograd.Function):
-    """Tiled attention as an autograd function: the forward saves ``Q, K, V``, the output ``O`` and
-    the log-sum-exp ``L`` (never the ``N x M`` weights); the backward is
+    """Tiled attention as an autograd function: the forward saves ``Q, K, V``, the output ``Y`` and
+    the log-sum-exp ``rho`` (never the ``N x M`` weights); the backward is
     :func:`tiled_attention_backward`. Use it through :func:`tiled_attention_with_grad`."""
 
     @staticmethod
     def forward(ctx, Q, K, V, block_q, block_k, causal, scale):
-        O, L = _tiled_forward(Q, K, V, block_q, block_k, causal, scale)
-        ctx.save_for_backward(Q, K, V, O, L)
+        Y, rho = tiled_attention_forward(Q, K, V, block_q, block_k, causal, scale)
+        ctx.save_for_backward(Q, K, V, Y, rho)
         ctx.options = (block_q, block_k, causal, scale)
-        return O
+        return Y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dO):
-        Q, K, V, O, L = ctx.saved_tensors
-        dQ, dK, dV = tiled_attention_backward(Q, K, V, O, L, dO.contiguous(), *ctx.options)
+    def backward(ctx, dY):
+        Q, K, V, Y, rho = ctx.saved_tensors
+        dQ, dK, dV = tiled_attention_backward(Q, K, V, Y, rho, dY.contiguous(), *ctx.options)
         return dQ, dK, dV, None, None, None, None
 
 
@@ -270,11 +275,9 @@ def tiled_attention_with_grad(
     scale: float | None = None,
 ) -> Tensor:
     r""":func:`tiled_attention` whose gradients come from the tiled backward pass (book eqs.
-    ``eq-ext-lse`` and ``eq-ext-flash-bwd``): what autograd keeps is ``O`` and ``L``, ``O(N)`` beyond
+    ``eq-ext-lse`` and ``eq-ext-flash-bwd``): what autograd keeps is ``Y`` and ``rho``, ``O(N)`` beyond
     the inputs and output, instead of the ``N x M`` weights. Same arguments and result as
     :func:`tiled_attention`.
-
-    Implements: eq-ext-lse
     """
     return TiledAttentionFunction.apply(Q, K, V, block_q, block_k, causal, scale)
 
@@ -286,7 +289,7 @@ def _tiles(n: int, b: int) -> int:
 def materialised_attention_io(N: int, M: int, d: int) -> tuple[int, int]:
     r"""Elements read and written by materialised attention, book eq. ``eq-ext-io``: three passes,
     :math:`S = c\,QK^\top` (read ``Q, K``, write ``S``), :math:`A = \operatorname{softmax}(S)` (read
-    ``S``, write ``A``), :math:`O = AV` (read ``A, V``, write ``O``), each reading its inputs and
+    ``S``, write ``A``), :math:`Y = AV` (read ``A, V``, write ``Y``), each reading its inputs and
     writing its output once:
 
     ``reads = N d + 2 M d + 2 N M``, ``writes = 2 N M + N d`` (``d = d_k = d_v``), which is
@@ -304,12 +307,12 @@ def tiled_attention_io(
     r"""Elements read and written by :func:`tiled_attention` (non-causal; ``d = d_k = d_v``), book eq.
     ``eq-ext-io``. With :math:`T_q = \lceil N / N_\text{t} \rceil` query tiles and
     :math:`T_k = \lceil M / M_\text{t} \rceil` key tiles, the forward reads ``Q`` once and ``K, V``
-    once per query tile, and writes ``O`` and ``L``:
+    once per query tile, and writes ``Y`` and ``rho``:
 
     ``reads = N d + 2 T_q M d``, ``writes = N d + N``.
 
-    With ``backward=True``, the counts of :func:`tiled_attention_backward` instead: ``D`` from ``O,
-    dO`` (reads ``2 N d``, writes ``N``), ``K, V`` once, and per key tile ``Q, dO, dQ, L, D``:
+    With ``backward=True``, the counts of :func:`tiled_attention_backward` instead: ``delta`` from ``Y,
+    dY`` (reads ``2 N d``, writes ``N``), ``K, V`` once, and per key tile ``Q, dY, dQ, rho, delta``:
 
     ``reads = 2 N d + 2 M d + T_k (3 N d + 2 N)``, ``writes = N + T_k N d + 2 M d``.
 
@@ -334,7 +337,7 @@ def _check_sizes(**sizes: int) -> None:
 
 def materialised_attention(Q: Tensor, K: Tensor, V: Tensor, io: IOCounter | None = None) -> Tensor:
     """Softmax attention in three passes through main memory, each materialising its result
-    (``S``, then ``A``, then ``O``), with every pass's reads and writes tallied in ``io``: the
+    (``S``, then ``A``, then ``Y``), with every pass's reads and writes tallied in ``io``: the
     instrumented counterpart of :func:`materialised_attention_io`. ``Q (..., N, d_k)``."""
     _check_qkv(Q, K, V, None)
     io = io or IOCounter()

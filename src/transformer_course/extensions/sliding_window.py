@@ -143,7 +143,9 @@ Windows = Sequence[int | None]
 def _check_windows(windows: Windows) -> list[int | None]:
     windows = list(windows)
     if not windows:
-        raise ValueError("give one window per layer (an int w, or None for a global layer), got none")
+        raise ValueError(
+            "give one window per layer (an int w, or None for a global layer), got none"
+        )
     for ell, w in enumerate(windows):
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
             raise ValueError(
@@ -163,7 +165,9 @@ def local_global_windows(n_layers: int, w: int, global_every: int) -> list[int |
     return [None if ell % global_every == 0 else w for ell in range(1, n_layers + 1)]
 
 
-def interleaved_masks(N: int, windows: Windows, device: torch.device | str | None = None) -> list[Tensor]:
+def interleaved_masks(
+    N: int, windows: Windows, device: torch.device | str | None = None
+) -> list[Tensor]:
     """One bool ``(N, N)`` mask per layer: :func:`sliding_window_mask` for a local layer (an int
     window), the causal mask for a global one (``None``)."""
     windows = _check_windows(windows)
@@ -219,7 +223,9 @@ def decode_windowed(
     The caches hold exactly the keys each new token may see, so no mask is passed."""
     windows = _check_windows(windows)
     if len(windows) != len(stack.blocks):
-        raise ValueError(f"{len(windows)} windows for {len(stack.blocks)} blocks; give one per block")
+        raise ValueError(
+            f"{len(windows)} windows for {len(stack.blocks)} blocks; give one per block"
+        )
     N = X.shape[-2]
     caches = [KVCache(N) if w is None else RollingKVCache(w) for w in windows]
     outs = [stack(X[:, n : n + 1], None, caches) for n in range(N)]  # one token per step

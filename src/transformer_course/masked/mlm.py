@@ -178,9 +178,8 @@ def mlm_loss(logits: Tensor, targets: Tensor, ignore_index: int = IGNORE_INDEX) 
             "no position is chosen (every target is ignore_index): the loss would be 0/0; "
             "use longer sequences, a larger p, or another draw"
         )
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index
-    )
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -48,10 +48,17 @@ from .graphs import (
     window_edges,
 )
 from .linear_attention import (
+    PositiveRandomFeatures,
+    decay_matrix,
     elu_feature_map,
+    gated_linear_attention_parallel,
+    gated_linear_attention_recurrent,
+    gated_linear_attention_step,
     linear_attention_parallel,
     linear_attention_recurrent,
     linear_attention_step,
+    positive_random_feature_map,
+    positive_random_features,
 )
 from .recurrent import (
     TanhRNN,
@@ -65,6 +72,7 @@ from .recurrent import (
 )
 
 __all__ = [
+    "PositiveRandomFeatures",
     "TanhRNN",
     "adjacency_mask",
     "autograd_depth",
@@ -74,11 +82,15 @@ __all__ = [
     "conv1d_reference",
     "conv2d_as_attention",
     "conv2d_reference",
+    "decay_matrix",
     "edges_of",
     "elu_feature_map",
     "gat_attention",
     "gat_attention_loop",
     "gat_scores",
+    "gated_linear_attention_parallel",
+    "gated_linear_attention_recurrent",
+    "gated_linear_attention_step",
     "graph_attention",
     "graph_attention_edges",
     "graph_attention_loop",
@@ -89,6 +101,8 @@ __all__ = [
     "linear_attention_recurrent",
     "linear_attention_step",
     "output_jacobian",
+    "positive_random_feature_map",
+    "positive_random_features",
     "relative_shift_attention",
     "rnn_state_jacobian",
     "shift_matrices",

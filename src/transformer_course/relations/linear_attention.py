@@ -187,7 +187,9 @@ class PositiveRandomFeatures:
     scale: float
 
     def __call__(self, x: Tensor) -> Tensor:
-        return positive_random_features(x * self.scale, self.omega.to(x.dtype))
+        return positive_random_features(
+            x * self.scale, self.omega.to(device=x.device, dtype=x.dtype)
+        )
 
 
 def positive_random_feature_map(
