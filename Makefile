@@ -75,19 +75,32 @@ bench: $(STAMP)  ## run every benchmark; results go to bench/results/<device>/<n
 	  $(BIN)/python bench/$$b.py --device $(BENCH_DEVICE) | tee bench/results/$(BENCH_DEVICE)/$$b.log || exit 1; \
 	  tail -n 1 bench/results/$(BENCH_DEVICE)/$$b.log > bench/results/$(BENCH_DEVICE)/$$b.json; done
 
-# The long studies, about 45 minutes on 2 idle cores: the scaling sweep and the modern model (read by
-# the training and extensions chapters), every claim at its large setting (claims), and the book's
-# cold and warm build times. Results are stored like `make bench`'s.
-LONG_BENCHES := scaling modern claims build
+# The long studies, about 2 hours on 2 idle cores: the scaling sweep and the modern model (read by
+# the training and extensions chapters), every claim at its large setting (claims), the position
+# schemes beyond the training length (length, extensions), the masked auto-encoder against the ViT
+# (mae_digits, masked models), the book's cold and warm build times, then the seeds of the scaling
+# study's held-out sizes and every claim at each rate of the learning-rate grid. Results are stored
+# like `make bench`'s.
+LONG_BENCHES := scaling modern claims length mae_digits build
 ARGS_claims := --setting large
+# tc.claims.LR_GRID: every claim again at each rate of the grid (about 15 minutes each on 2 cores)
+CLAIMS_LR_GRID = $(shell $(BIN)/python -c "import transformer_course.claims as c; print(*c.LR_GRID)")
 
-bench-long: $(STAMP)  ## run the long studies (~45 min on 2 cores); results as for `make bench`
+bench-long: $(STAMP)  ## run the long studies (~2 h on 2 cores); results as for `make bench`
 	@mkdir -p bench/results/$(BENCH_DEVICE)
 	@set -o pipefail; for b in $(LONG_BENCHES); do \
 	  args="$$( [ $$b = build ] || echo --device $(BENCH_DEVICE)) $$( [ $$b = claims ] && echo $(ARGS_claims))"; \
 	  echo "== bench/$$b.py $$args"; \
 	  $(BIN)/python bench/$$b.py $$args | tee bench/results/$(BENCH_DEVICE)/$$b.log || exit 1; \
 	  tail -n 1 bench/results/$(BENCH_DEVICE)/$$b.log > bench/results/$(BENCH_DEVICE)/$$b.json; done
+	@out=bench/results/$(BENCH_DEVICE)/scaling_noise; echo "== bench/scaling.py --noise"; \
+	  $(BIN)/python bench/scaling.py --device $(BENCH_DEVICE) --noise | tee $$out.log || exit 1; \
+	  tail -n 1 $$out.log > $$out.json
+	@mkdir -p bench/results/$(BENCH_DEVICE)/claims-lr
+	@set -o pipefail; for lr in $(CLAIMS_LR_GRID); do out=bench/results/$(BENCH_DEVICE)/claims-lr/lr$$lr; \
+	  echo "== bench/claims.py --setting large --lr $$lr"; \
+	  $(BIN)/python bench/claims.py --device $(BENCH_DEVICE) --setting large --lr $$lr | tee $$out.log || exit 1; \
+	  tail -n 1 $$out.log > $$out.json; done
 
 ABLATION_SEEDS := 0 1
 

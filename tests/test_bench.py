@@ -124,3 +124,17 @@ def test_modern_bench_quick():
     assert "diff_mean" in result and "runs" in result
     assert [run["steps"] for run in result["runs"]["gpt"]] == [3]
     assert result["modern_kv_identical"] is True
+
+
+def test_length_bench_quick():
+    needs_corpus()
+    result, _ = run_bench("length.py", "--quick", "--threads", "1")
+    schemes = tc.claims.ClaimResult.from_json(result["length"]).variants
+    assert {"sinusoidal", "learned", "rope", "alibi"} <= set(schemes)
+    assert result["seeds"] == [0, 1] and result["factor"] * result["training_length"] > 0
+
+
+def test_mae_digits_bench_quick():
+    result, _ = run_bench("mae_digits.py", "--quick", "--threads", "1")
+    assert result["quick"] and result["seeds"] == [0, 1] and len(result["per_seed"]) == 2
+    assert len(result["mae_minus_vit"]) == 2 and 0 < result["raw_pixel_probe"] <= 1

@@ -312,9 +312,11 @@ class Seq2Seq(nn.Module):
 # Beam search with length normalisation (Wu et al. 2016 sec. 7)
 
 
-def length_penalty(length: Tensor, alpha: float) -> Tensor:
+def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     r"""Wu et al. (2016)'s length penalty :math:`\mathrm{lp}_\alpha(|y|) = ((5 + |y|)/6)^\alpha`,
-    where ``length`` counts the generated tokens, EOS included and BOS not."""
+    where ``length`` counts the generated tokens, EOS included and BOS not.
+
+    Implements: eq-ed-beam-score"""
     return ((5.0 + length) / 6.0) ** alpha
 
 

@@ -18,6 +18,9 @@ Each part is a small function or class, with a reference that reads like its equ
 * local attention: :func:`sliding_window_mask` for :class:`.multihead.SelfAttention`, the banded
   :func:`sliding_window_attention`, the rolling-buffer cache :class:`RollingKVCache` (Jiang et al.
   2023) and stacks of local and global layers (:func:`local_global_windows`; Gemma Team 2024);
+* a sparse mixture of experts: :func:`top_k_router`, :class:`MixtureOfExperts` with an expert
+  capacity and dropped tokens, and :func:`load_balancing_loss` (Shazeer et al. 2017; Lepikhin et al.
+  2021; Fedus et al. 2022);
 * a modern GPT assembled from these parts (:class:`ModernGPT`: RMSNorm, SwiGLU, RoPE, no position
   table; Touvron et al. 2023), reusing the course's pre-norm block, stack, GPT and training loop.
 
@@ -28,7 +31,27 @@ older torch; nothing here requires them.
 
 from __future__ import annotations
 
-from .alibi import alibi_attention, alibi_attention_reference, alibi_bias, alibi_slopes
+from .alibi import (
+    ALiBiBlock,
+    ALiBiSelfAttention,
+    alibi_attention,
+    alibi_attention_reference,
+    alibi_bias,
+    alibi_scheme,
+    alibi_slopes,
+)
+from .experts import (
+    EXPERT_KINDS,
+    MixtureOfExperts,
+    MoEOutput,
+    Routing,
+    capacity_keep,
+    expert_capacity,
+    load_balancing_loss,
+    moe_parameter_counts,
+    moe_reference,
+    top_k_router,
+)
 from .flash import (
     IOCounter,
     TiledAttentionFunction,
@@ -81,12 +104,17 @@ from .sliding_window import (
 from .versions import torch_lacks
 
 __all__ = [
+    "EXPERT_KINDS",
     "GATES",
     "MODERN_CPU",
     "MODERN_CPU_RECIPE",
+    "ALiBiBlock",
+    "ALiBiSelfAttention",
     "GatedMLP",
     "GroupedQueryAttention",
     "IOCounter",
+    "MixtureOfExperts",
+    "MoEOutput",
     "ModernBlock",
     "ModernGPT",
     "ModernGPTConfig",
@@ -94,17 +122,21 @@ __all__ = [
     "RollingKVCache",
     "RotaryBlock",
     "RotaryEmbedding",
+    "Routing",
     "SwiGLU",
     "TiledAttentionFunction",
     "alibi_attention",
     "alibi_attention_reference",
     "alibi_bias",
+    "alibi_scheme",
     "alibi_slopes",
     "apply_rope",
     "apply_rope_complex",
     "apply_rope_halves",
     "apply_rope_reference",
+    "capacity_keep",
     "decode_windowed",
+    "expert_capacity",
     "forward_with_masks",
     "gated_mlp_reference",
     "gqa_reference",
@@ -112,9 +144,12 @@ __all__ = [
     "kv_cache_bytes",
     "kv_cache_entries",
     "largest_intermediate",
+    "load_balancing_loss",
     "local_global_windows",
     "materialised_attention",
     "materialised_attention_io",
+    "moe_parameter_counts",
+    "moe_reference",
     "online_softmax",
     "peak_memory",
     "receptive_field",
@@ -133,6 +168,7 @@ __all__ = [
     "tiled_attention_forward",
     "tiled_attention_io",
     "tiled_attention_with_grad",
+    "top_k_router",
     "torch_lacks",
     "train_modern_lm",
 ]

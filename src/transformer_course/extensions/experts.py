@@ -56,7 +56,7 @@ class Routing(NamedTuple):
     Attributes:
         probs: ``G`` ``(N, N_e)``, the softmax over the experts of each token (rows sum to 1).
         experts: ``(N, k)`` integer, the chosen experts of each token, most probable first.
-        weights: ``(N, k)``, the weight ``rho`` of each choice (renormalised or not, as asked).
+        weights: ``(N, k)``, the weight ``r`` of each choice (renormalised or not, as asked).
     """
 
     probs: Tensor
@@ -96,7 +96,7 @@ def top_k_router(X: Tensor, W_r: Tensor, k: int, renormalise: bool = True) -> Ro
 
     .. math:: G = \operatorname{softmax}_\text{row}(X W_r),\quad
               \mathcal{R}_n = \text{the } k \text{ largest entries of row } n,\quad
-              \rho_{ni} = \frac{G_{ni}}{\sum_{j\in\mathcal{R}_n} G_{nj}}\ (i \in \mathcal{R}_n)
+              r_{ni} = \frac{G_{ni}}{\sum_{j\in\mathcal{R}_n} G_{nj}}\ (i \in \mathcal{R}_n)
 
     The renormalised weights equal a softmax over the ``k`` kept logits alone (Shazeer et al. 2017
     keep the top ``k`` logits, set the rest to ``-inf`` and take the softmax; GShard divides its two
@@ -217,7 +217,7 @@ class MixtureOfExperts(nn.Module):
 
     Implements: eq-ext-moe
 
-    .. math:: \mathbf{y}_n = \sum_{i \in \mathcal{R}_n,\ \text{kept}} \rho_{ni}\,
+    .. math:: \mathbf{y}_n = \sum_{i \in \mathcal{R}_n,\ \text{kept}} r_{ni}\,
               \mathrm{MLP}_i(\mathbf{x}_n)
 
     ``forward(X (..., D))`` returns a :class:`MoEOutput`: the output ``Y`` (the input's shape), the
@@ -312,13 +312,13 @@ def moe_reference(
     For each token: its scores ``x_n W_r`` expert by expert, their softmax written out, the ``k``
     largest by sorting, the weights divided by their sum (or not); then the capacity rule as a loop,
     rank by rank and token by token, counting each expert's load; then
-    :math:`\mathbf{y}_n = \sum \rho_{ni}\,\mathrm{MLP}_i(\mathbf{x}_n)` over the kept choices, each
+    :math:`\mathbf{y}_n = \sum r_{ni}\,\mathrm{MLP}_i(\mathbf{x}_n)` over the kept choices, each
     expert called on the one token. A check, not an implementation (no marker): it shares no code with
     :class:`MixtureOfExperts` except the experts themselves.
     """
     N, D = X.shape
     n_experts = W_r.shape[1]
-    chosen, rho = [], []
+    chosen, r = [], []
     for n in range(N):
         scores = [
             sum(X[n, d].item() * W_r[d, i].item() for d in range(D)) for i in range(n_experts)
@@ -329,7 +329,7 @@ def moe_reference(
         best = sorted(range(n_experts), key=lambda i: -G[i])[:k]
         total = sum(G[i] for i in best) if renormalise else 1.0
         chosen.append(best)
-        rho.append([G[i] / total for i in best])
+        r.append([G[i] / total for i in best])
     capacity = N if capacity is None else capacity
     load = [0] * n_experts
     dropped = [[False] * k for _ in range(N)]
@@ -345,7 +345,7 @@ def moe_reference(
         for n in range(N):
             for j in range(k):
                 if not dropped[n][j]:
-                    Y[n] += rho[n][j] * experts[chosen[n][j]](X[n : n + 1])[0]
+                    Y[n] += r[n][j] * experts[chosen[n][j]](X[n : n + 1])[0]
     return Y, torch.tensor(dropped)
 
 

@@ -1,14 +1,14 @@
 """Masked auto-encoders for images: hide most patches, encode the rest, reconstruct the hidden pixels.
 
-Chapter: *Masked modelling*, section *Masked auto-encoders for images* (He et al. 2022; Turner 2023
+Chapter: *Masked models*, section *Masked auto-encoders for images* (He et al. 2022; Turner 2023
 sec. 4.3). Each image's ``N`` patches are shuffled by a seeded random permutation and only the first
-``K = floor((1 - r) N)`` are kept (:func:`random_patch_mask`, book eq. ``eq-mae-mask``). The encoder,
-a :class:`.vision.ViT` whose patch map, positions and blocks are reused as they are, reads only those
-``K`` patches (book eq. ``eq-mae-enc``); a narrower and shallower decoder receives the ``K`` encoded
-tokens plus one learned mask token at each hidden position, adds its own positions and predicts the
-pixels of every patch; the loss is the mean squared error over the hidden patches alone (book eq.
-``eq-mae-loss``). After pre-training the decoder is thrown away and :func:`linear_probe` fits a linear
-classifier on the frozen encoder's mean-pooled features.
+``N_vis = floor((1 - rho) N)`` are kept (:func:`random_patch_mask`, book eq. ``eq-mae-mask``). The
+encoder, a :class:`.vision.ViT` whose patch map, positions and blocks are reused as they are, reads
+only those ``N_vis`` patches (book eq. ``eq-mae-enc``); a narrower and shallower decoder receives the
+``N_vis`` encoded tokens plus one learned mask token at each hidden position, adds its own positions
+and predicts the pixels of every patch; the loss is the mean squared error over the hidden patches
+alone (book eq. ``eq-mae-loss``). After pre-training the decoder is thrown away and
+:func:`linear_probe` fits a linear classifier on the frozen encoder's mean-pooled features.
 
 :data:`MAE_DIGITS_RECIPE` pre-trains on the training half of scikit-learn's digits with the same
 number of optimiser steps and images per step as the supervised :data:`.vision.DIGITS_RECIPE`;
@@ -53,7 +53,7 @@ __all__ = [
 
 
 class PatchMask(NamedTuple):
-    """Which patches each image keeps: ``keep (B, K)`` the kept patch indices in the order the
+    """Which patches each image keeps: ``keep (B, N_vis)`` the kept patch indices in the order the
     permutation drew them, ``mask (B, N)`` ``True`` where a patch is hidden, ``restore (B, N)`` the
     inverse permutation (entry ``n`` says where patch ``n`` sits in the shuffled order)."""
 
@@ -63,23 +63,23 @@ class PatchMask(NamedTuple):
 
 
 def n_kept(n_patches: int, mask_ratio: float) -> int:
-    """``K = floor((1 - r) N)``, the number of patches an image keeps (He et al.'s rounding).
+    """``N_vis = floor((1 - rho) N)``, the number of patches an image keeps (He et al.'s rounding).
 
     Raises:
         ValueError: ``mask_ratio`` outside (0, 1), or a ratio so high that no patch is kept.
     """
     if not 0.0 < mask_ratio < 1.0:
         raise ValueError(
-            f"mask_ratio r must lie strictly between 0 and 1 (the share of patches hidden), got "
+            f"mask_ratio (rho) must lie strictly between 0 and 1 (the share of patches hidden), got "
             f"{mask_ratio}"
         )
-    K = int(n_patches * (1.0 - mask_ratio))
-    if K < 1:
+    N_vis = int(n_patches * (1.0 - mask_ratio))
+    if N_vis < 1:
         raise ValueError(
-            f"mask_ratio={mask_ratio} keeps floor((1 - r) N) = 0 of N={n_patches} patches; lower it "
+            f"mask_ratio={mask_ratio} keeps floor((1 - rho) N) = 0 of N={n_patches} patches; lower it "
             f"to at most {1 - 1 / n_patches:.4f} so the encoder sees at least one patch"
         )
-    return K
+    return N_vis
 
 
 def random_patch_mask(
@@ -93,20 +93,22 @@ def random_patch_mask(
 
     Implements: eq-mae-mask
 
-    Each image ``b`` gets a uniformly random permutation :math:`\pi_b` of its patches (the ranks of
-    ``N`` uniform numbers); the first :math:`K = \lfloor (1 - r) N \rfloor` patches of the permutation
-    are kept, the rest hidden: :math:`m_{bn} = 1` iff :math:`n \notin \{\pi_b(1), \dots, \pi_b(K)\}`.
+    Each image ``b`` gets a uniformly random permutation :math:`\operatorname{perm}_b` of its
+    patches (the ranks of ``N`` uniform numbers); the first
+    :math:`N_\text{vis} = \lfloor (1 - \rho) N \rfloor` patches of the permutation are kept, the rest
+    hidden: :math:`m_{bn} = 1` iff
+    :math:`n \notin \{\operatorname{perm}_b(1), \dots, \operatorname{perm}_b(N_\text{vis})\}`.
     The numbers are drawn on the CPU from ``generator``, so a seed gives the same masks everywhere.
 
     Raises:
         ValueError: ``mask_ratio`` outside (0, 1), or one that keeps no patch.
     """
-    K = n_kept(n_patches, mask_ratio)
+    N_vis = n_kept(n_patches, mask_ratio)
     noise = torch.rand(batch_size, n_patches, generator=generator)  # (B, N)
     shuffle = noise.argsort(dim=1)  # pi_b: patch index at each shuffled place, (B, N)
     restore = shuffle.argsort(dim=1)  # pi_b^{-1}: each patch's place in the shuffled order
-    mask = restore >= K  # hidden iff the patch's place is beyond the first K, (B, N)
-    return PatchMask(shuffle[:, :K].to(device), mask.to(device), restore.to(device))
+    mask = restore >= N_vis  # hidden iff the patch's place is beyond the first N_vis, (B, N)
+    return PatchMask(shuffle[:, :N_vis].to(device), mask.to(device), restore.to(device))
 
 
 def patch_targets(images: Tensor, patch_size: int, normalize: bool = False) -> Tensor:
@@ -122,15 +124,10 @@ def patch_targets(images: Tensor, patch_size: int, normalize: bool = False) -> T
 
 
 def mae_loss(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
-    r"""Mean squared error over the hidden patches only:
-
-    .. math:: \mathcal{L} = \frac{1}{\sum_{b,n} m_{bn}} \sum_{b,n} m_{bn}\,
-              \frac{1}{C P^2}\lVert \hat{\mathbf{p}}_{bn} - \mathbf{p}_{bn} \rVert^2
+    """Mean squared error over the hidden patches only: each patch's squared error averaged over its
+    ``C P^2`` pixels, then averaged over the patches where ``mask (B, N)`` is ``True``.
 
     Implements: eq-mae-loss
-
-    Args:
-        pred, target: ``(B, N, C P^2)``; mask: ``(B, N)`` bool, ``True`` where a patch is hidden.
 
     Raises:
         ValueError: shapes that do not match, or a mask that hides no patch.
@@ -228,8 +225,8 @@ class MAE(nn.Module):
         return random_patch_mask(len(images), n, self.config.mask_ratio, generator, images.device)
 
     def encode(self, images: Tensor, keep: Tensor) -> Tensor:
-        r"""The encoder's output for the kept patches only, ``(B, K, D)``:
-        :math:`Z = \mathrm{LN}(\text{blocks}(P_{\mathcal{V}} W_p^\top + \mathbf{b} + R_{\mathcal{V}}))`.
+        r"""The encoder's output for the kept patches only, ``(B, N_vis, D)``:
+        :math:`Z = \mathrm{LN}(\text{blocks}(P_{\mathcal{S}} W_p^\top + \mathbf{b}_p + R_{\mathcal{S}}))`.
 
         The kept patches are gathered **before** the patch map, so the hidden pixels never enter
         the encoder (their values cannot change its output).
@@ -237,22 +234,21 @@ class MAE(nn.Module):
         self._check(images)
         vit = self.encoder
         patches = patchify(images, self.config.encoder.patch_size)  # (B, N, C P^2)
-        index = keep[..., None]  # (B, K, 1)
-        kept = patches.gather(1, index.expand(-1, -1, patches.shape[-1]))  # (B, K, C P^2)
-        R = vit.pos.table.weight[keep]  # the kept patches' learned positions, (B, K, D)
-        X = vit.drop(vit.patch.proj(kept) + R)  # (B, K, D)
-        return vit.stack(X)  # LN(X^(L)) of the K visible tokens
+        index = keep[..., None]  # (B, N_vis, 1)
+        kept = patches.gather(1, index.expand(-1, -1, patches.shape[-1]))  # (B, N_vis, C P^2)
+        R = vit.pos.table.weight[keep]  # the kept patches' learned positions, (B, N_vis, D)
+        X = vit.drop(vit.patch.proj(kept) + R)  # (B, N_vis, D)
+        return vit.stack(X)  # LN(X^(L)) of the N_vis visible tokens
 
     def decode(self, Z: Tensor, restore: Tensor) -> Tensor:
-        """Pixels of every patch, ``(B, N, C P^2)``, from the encoded kept tokens ``Z (B, K, D)``: the
-        mask token fills the hidden places, the inverse permutation puts every token back at its
+        """Pixels of every patch, ``(B, N, C P^2)``, from the encoded kept tokens ``Z (B, N_vis, D)``:
+        the mask token fills the hidden places, the inverse permutation puts every token back at its
         patch, the decoder's positions are added, then the decoder blocks and a linear map."""
-        B, K, _ = Z.shape
+        B, N_vis, _ = Z.shape
         N, Dd = restore.shape[1], self.config.decoder_d_model
-        Y = self.to_decoder(Z)  # (B, K, D_dec)
-        Y = torch.cat(
-            [Y, self.mask_token.expand(B, N - K, Dd)], dim=1
-        )  # shuffled order, (B, N, Dd)
+        Y = self.to_decoder(Z)  # (B, N_vis, D_dec)
+        # the shuffled order: the kept tokens first, then a mask token for each hidden patch
+        Y = torch.cat([Y, self.mask_token.expand(B, N - N_vis, Dd)], dim=1)  # (B, N, D_dec)
         Y = Y.gather(1, restore[..., None].expand(-1, -1, Dd))  # back to patch order
         return self.to_pixels(self.decoder(Y + self.decoder_pos))  # (B, N, C P^2)
 
@@ -265,16 +261,19 @@ class MAE(nn.Module):
         target = patch_targets(images, e.patch_size, self.config.norm_targets)
         return mae_loss(self(images, patch_mask), target, patch_mask.mask)
 
-    def reconstruct(self, images: Tensor, patch_mask: PatchMask) -> tuple[Tensor, Tensor]:
-        """``(masked input, reconstruction)`` as images: the hidden patches zeroed, and the visible
-        patches kept with the predicted pixels pasted into the hidden ones (for figures; with
-        ``norm_targets`` the prediction is in normalised units)."""
+    def reconstruct(
+        self, images: Tensor, patch_mask: PatchMask, fill: float = 0.0
+    ) -> tuple[Tensor, Tensor]:
+        """``(masked input, reconstruction)`` as images: the hidden patches set to ``fill`` (``nan``
+        lets a figure colour them apart), and the visible patches kept with the predicted pixels
+        pasted into the hidden ones (for figures; with ``norm_targets`` the prediction is in
+        normalised units)."""
         e = self.config.encoder
         patches = patchify(images, e.patch_size)
         hidden = patch_mask.mask[..., None]  # (B, N, 1)
         with eval_mode(self):
             pred = self(images, patch_mask)
-        shown = patches.masked_fill(hidden, 0.0)
+        shown = patches.masked_fill(hidden, fill)
         mixed = torch.where(hidden, pred, patches)
         size = (e.image_size, e.image_size)
         return (
