@@ -66,7 +66,7 @@ sync: $(STAMP)  ## regenerate every lab's Colab badge and setup cell from pyproj
 labs: $(STAMP)  ## regenerate the labs' head cells and re-execute them, storing outputs
 	$(BIN)/python scripts/sync_labs.py --execute
 
-BENCHES := attention decode lm seq2seq vit_digits
+BENCHES := attention decode lm seq2seq vit_digits mlm
 BENCH_DEVICE ?= cpu
 
 bench: $(STAMP)  ## run every benchmark; results go to bench/results/<device>/<name>.json for the book

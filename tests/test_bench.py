@@ -137,4 +137,11 @@ def test_length_bench_quick():
 def test_mae_digits_bench_quick():
     result, _ = run_bench("mae_digits.py", "--quick", "--threads", "1")
     assert result["quick"] and result["seeds"] == [0, 1] and len(result["per_seed"]) == 2
-    assert len(result["mae_minus_vit"]) == 2 and 0 < result["raw_pixel_probe"] <= 1
+    assert len(result["mae_minus_vit"]) == 3 and 0 < result["raw_pixel_probe"] <= 1
+
+
+def test_mlm_bench_quick():
+    needs_corpus()
+    result, _ = run_bench("mlm.py", "--steps", "3", "--windows", "64", "--threads", "1")
+    assert result["steps"] == 3 and result["windows"] == 64  # (a 3-step run meets no target)
+    assert set(result["mlm_nll_by_right"]) >= {"0"} and result["gpt_nll"] > 0

@@ -4,7 +4,8 @@ Every chapter of the book and every lab imports its equations from here (``impor
 as tc``); nothing is copied into a page. Each chapter has one module of the same name (``tc.notation``,
 ``tc.tokens``, ``tc.attention``, ``tc.self_attention``, ``tc.multihead``, ``tc.block``, ``tc.position``,
 ``tc.language_models``, ``tc.encoder_decoder``, ``tc.vision``, ``tc.training``, ``tc.claims``,
-``tc.relations``, ``tc.extensions``); ``data``, ``train``, ``plots``,
+``tc.relations``, ``tc.extensions``, ``tc.masked``; the long ones are subpackages with one file per
+part); ``data``, ``train``, ``plots``,
 ``runtime``, ``results``, ``project`` and ``checks`` (the book's one check helper,
 :func:`checks.verify`) are shared infrastructure. The exercises of the labs,
 ``tc.exercises``, are imported only when first used.
@@ -22,6 +23,7 @@ from . import (
     encoder_decoder,
     extensions,
     language_models,
+    masked,
     multihead,
     notation,
     plots,
@@ -61,6 +63,7 @@ __all__ = [
     "exercises",
     "extensions",
     "language_models",
+    "masked",
     "multihead",
     "notation",
     "plots",

@@ -145,3 +145,81 @@ def _ce(logits: Tensor, ids: Tensor) -> Tensor:
 def mlm_loss(logits: Tensor, ids: Tensor, chosen: Tensor) -> Tensor:
     targets = torch.where(chosen, ids, torch.full_like(ids, -100))  # -100: not scored
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The masked auto-encoder's loss (He et al. 2022): hide a share r of the patches, score only those
+
+
+def _mae_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, Tensor, float]:
+    B, N, d, r = ((2, 16, 4, 0.7), (3, 10, 3, 0.65), (1, 9, 2, 0.7))[trial % 3]
+    noise = torch.rand(B, N, generator=gen, dtype=torch.float64)  # one uniform number per patch
+    return randn(gen, B, N, d), randn(gen, B, N, d), noise, r  # pred, target, noise, r
+
+
+def _hidden(noise: Tensor, n_keep: int) -> Tensor:
+    """``True`` for the patches whose number is not among the ``n_keep`` smallest of their image."""
+    ranks = noise.argsort(dim=1).argsort(dim=1)  # rank of each patch's number in its image
+    return ranks >= n_keep
+
+
+def _per_patch(pred: Tensor, target: Tensor) -> Tensor:
+    return (
+        (pred - target).pow(2).mean(dim=-1)
+    )  # (B, N): squared error averaged over a patch's pixels
+
+
+@exercise(
+    name="masked.mae_loss",
+    prompt=(
+        "pred and target are (B, N, d): predicted and true pixels of each image's N patches; noise "
+        "(B, N) holds one uniform number per patch and r is the mask ratio. Each image keeps the "
+        "floor((1 - r) N) patches with the smallest numbers and hides the others (eq. eq-mae-mask). "
+        "Return the masked auto-encoder's loss (eq. eq-mae-loss): the squared error averaged over "
+        "the d pixels of a patch, then averaged over the hidden patches of all images, a 0-d tensor."
+    ),
+    make_inputs=_mae_inputs,
+    mistakes=[
+        Mistake(
+            "you scored the visible patches; the loss is over the hidden ones, whose pixels the "
+            "encoder never saw (scoring what it saw rewards copying).",
+            lambda p, t, noise, r: _per_patch(p, t)[
+                ~_hidden(noise, int((1 - r) * noise.shape[1]))
+            ].mean(),
+        ),
+        Mistake(
+            "you scored all patches; only the hidden ones count (m_bn = 1), so average over those.",
+            lambda p, t, noise, r: _per_patch(p, t).mean(),
+        ),
+        Mistake(
+            "the mask ratio r is the share of patches HIDDEN, not kept: keep floor((1 - r) N), "
+            "not floor(r N).",
+            lambda p, t, noise, r: _per_patch(p, t)[_hidden(noise, int(r * noise.shape[1]))].mean(),
+        ),
+        Mistake(
+            "you kept the patches with the LARGEST numbers; keep the floor((1 - r) N) smallest.",
+            lambda p, t, noise, r: _per_patch(p, t)[
+                _hidden(-noise, int((1 - r) * noise.shape[1]))
+            ].mean(),
+        ),
+        Mistake(
+            "you summed the squared errors over a patch's pixels; average them (divide by C P^2).",
+            lambda p, t, noise, r: (
+                (p - t).pow(2).sum(dim=-1)[_hidden(noise, int((1 - r) * noise.shape[1]))].mean()
+            ),
+        ),
+        Mistake(
+            "you rounded (1 - r) N to the nearest whole number; the number of kept patches is its "
+            "floor, floor((1 - r) N), as in eq. eq-mae-mask.",
+            lambda p, t, noise, r: _per_patch(p, t)[
+                _hidden(noise, round((1 - r) * noise.shape[1]))
+            ].mean(),
+        ),
+    ],
+)
+def mae_loss(pred: Tensor, target: Tensor, noise: Tensor, r: float) -> Tensor:
+    N = noise.shape[1]
+    n_keep = int((1 - r) * N)  # floor((1 - r) N) visible patches per image
+    hidden = noise.argsort(dim=1).argsort(dim=1) >= n_keep  # rank beyond the first n_keep: hidden
+    per_patch = (pred - target).pow(2).mean(dim=-1)  # (B, N), mean over the patch's pixels
+    return per_patch[hidden].mean()  # mean over every hidden patch of the batch
