@@ -110,6 +110,7 @@ def main() -> None:
                 "machine": machine(device),
                 "study": {k: study[k] for k in ("commit", "date", "machine")},
                 "seeds": NOISE_SEEDS,
+                "noise_runs": noise_runs,
                 "total_seconds": round(time.perf_counter() - t0, 1),
             }
         )

@@ -149,7 +149,8 @@ class Exercise:
                 )
             return f"wrong shape: expected {tuple(expected.shape)}, got {tuple(got.shape)}."
         if not torch.isfinite(got).all():
-            for mistake in self.mistakes:  # a known mistake may itself give NaN (a fully masked row)
+            # a known mistake may itself give NaN (e.g. a fully masked row): name it if it matches
+            for mistake in self.mistakes:
                 wrong = torch.as_tensor(mistake.wrong(*args)).to(expected.dtype)
                 if _close(got, wrong, self, equal_nan=True):
                     return mistake.why

@@ -173,9 +173,10 @@ def _per_patch(pred: Tensor, target: Tensor) -> Tensor:
     name="masked.mae_loss",
     prompt=(
         "pred and target are (B, N, d): predicted and true pixels of each image's N patches; noise "
-        "(B, N) holds one uniform number per patch and r is the mask ratio. Each image keeps the "
-        "floor((1 - r) N) patches with the smallest numbers and hides the others (eq. eq-mae-mask). "
-        "Return the masked auto-encoder's loss (eq. eq-mae-loss): the squared error averaged over "
+        "(B, N) holds one uniform number per patch and r is the mask ratio (rho on the page). Each "
+        "image keeps the floor((1 - r) N) patches with the smallest numbers and hides the others "
+        "(eq. eq-mae-mask). Return the masked auto-encoder's loss (eq. eq-mae-loss): the squared "
+        "error averaged over "
         "the d pixels of a patch, then averaged over the hidden patches of all images, a 0-d tensor."
     ),
     make_inputs=_mae_inputs,
