@@ -106,6 +106,7 @@ def main() -> None:
                 noise_runs.append({**r, "held_out": name})
         report(
             {
+                "targets": {},  # a noise reference, not a figure with a target; the chapter reads it
                 "device": str(device),
                 "machine": machine(device),
                 "study": {k: study[k] for k in ("commit", "date", "machine")},
