@@ -32,6 +32,7 @@ from torch import Tensor
 from ..checks import Mistake  # one record of a typical wrong answer, shared with the book's checks
 
 __all__ = [
+    "ClassExercise",
     "Exercise",
     "Feedback",
     "Mistake",
@@ -189,6 +190,53 @@ def _close(a: Tensor, b: Tensor, ex: Exercise, equal_nan: bool = False) -> bool:
     return a.shape == b.shape and torch.allclose(
         a, b.to(a.dtype), atol=ex.atol, rtol=ex.rtol, equal_nan=equal_nan
     )
+
+
+@dataclass
+class ClassExercise(Exercise):
+    """An exercise whose answer is a class the checker builds itself (or, with ``kind="function"``, a
+    function it calls on fixed cases): the multi-head layer, the capstone GPT, the Seq2Seq and the ViT.
+
+    :meth:`check` does what all of them share: it asks for the class itself, not an instance or
+    another object, naming ``example`` (the class the lab defines); it runs the learner's code on one
+    torch thread (tiny models: fastest, most of all on a busy CPU) and inside a forked random state,
+    so building layers never moves the lab's seed; and a ``NotImplementedError`` means "not
+    attempted". Each subclass compares the answer with the package in :meth:`_check_answer`.
+    """
+
+    kind: str = "class"  # what check() expects: "class" or "function"
+    example: str = ""  # the name of the learner's class in the lab, for the messages
+
+    def check(self, answer: Any) -> Feedback:
+        if answer is None:
+            return self._feedback("not attempted", f"pass your {self.kind} to check(...).")
+        example = self.example or self.solution.__name__
+        if self.kind == "class" and isinstance(answer, torch.nn.Module):
+            return self._feedback(
+                "incorrect",
+                f"pass the class itself, check({self.name!r}, {example}), not an instance: the "
+                "checker builds it for several configurations.",
+            )
+        if not callable(answer):
+            return self._feedback(
+                "incorrect",
+                f"check() expects your {self.kind} itself (e.g. check({self.name!r}, {example})), "
+                f"got a {type(answer).__name__}.",
+            )
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                return self._check_answer(answer)
+        except NotImplementedError:
+            return self._feedback(
+                "not attempted", "replace `raise NotImplementedError` with your code."
+            )
+        finally:
+            torch.set_num_threads(threads)
+
+    def _check_answer(self, answer: Any) -> Feedback:
+        raise NotImplementedError(f"{type(self).__name__} must define _check_answer")
 
 
 def _sizes(args: tuple) -> str:

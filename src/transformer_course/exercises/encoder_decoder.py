@@ -40,7 +40,7 @@ from ..data import DateTask
 from ..encoder_decoder import Decoder, Seq2SeqConfig
 from ..encoder_decoder import Seq2Seq as PackageSeq2Seq
 from ..position import LearnedPositionalEmbedding
-from . import _REGISTRY, Exercise, Mistake, exercise, randn
+from . import _REGISTRY, ClassExercise, Exercise, Mistake, exercise, randn
 
 PAD, BOS, EOS = DateTask.PAD, DateTask.BOS, DateTask.EOS
 
@@ -824,7 +824,7 @@ def _describe(config: Seq2SeqConfig, src: Tensor, tgt: Tensor) -> str:
 
 
 @dataclass
-class AssemblyExercise(Exercise):
+class AssemblyExercise(ClassExercise):
     """An exercise whose answer is a model class: ``answer(config)`` must build an ``nn.Module`` with
     the package's parameter names; the checker loads the weights of :func:`package_seq2seq` into it
     and compares its logits on fixed batches of dates (:func:`_seq2seq_cases`) with the package's
@@ -836,33 +836,12 @@ class AssemblyExercise(Exercise):
     ``tests/test_encoder_decoder.py`` proves case by case that every mistake differs from the solution
     and from every other mistake."""
 
+    example: str = "Seq2Seq"
+
     trials: int = 0
     cases: Callable[[], list] = _seq2seq_cases
 
-    def check(self, answer):
-        if answer is None:
-            return self._feedback("not attempted", "pass your class to check(...).")
-        if isinstance(answer, nn.Module):
-            return self._feedback(
-                "incorrect",
-                f"pass the class itself, check({self.name!r}, Seq2Seq), not an instance: the "
-                "checker builds it for several configurations.",
-            )
-        if not callable(answer):
-            return self._feedback(
-                "incorrect",
-                f"check() expects your class itself (e.g. check({self.name!r}, Seq2Seq)), got a "
-                f"{type(answer).__name__}.",
-            )
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny models: one thread is fastest, most of all on a busy CPU
-        try:
-            with torch.random.fork_rng(devices=[]):  # building models must not move the lab's seed
-                return self._check_model(answer)
-        finally:
-            torch.set_num_threads(threads)
-
-    def _check_model(self, answer):
+    def _check_answer(self, answer):
         wrong = [  # each mistake as a function of the inputs, for Exercise._compare
             Mistake(m.why, lambda src, tgt, package, cls=m.wrong: _logits(cls, package, src, tgt))
             for m in self.mistakes

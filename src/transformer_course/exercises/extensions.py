@@ -66,7 +66,7 @@ def _rope_wrong(X, positions, base, *, layout="pairs", sign=1.0, exponent=2.0, p
             lambda X, positions, base: _rope_wrong(X, positions, base, sign=-1.0),
         ),
         Mistake(
-            "the frequencies are base**(-i/d); RoPE uses theta_i = base**(-2i/d) for pair i "
+            "the frequencies are base**(-i/d); RoPE uses omega_i = base**(-2i/d) for pair i "
             "(i = 0 .. d/2 - 1), so the slowest pair turns at base**(-(d-2)/d), not base**(-1/2).",
             lambda X, positions, base: _rope_wrong(X, positions, base, exponent=1.0),
         ),

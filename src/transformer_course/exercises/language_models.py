@@ -42,7 +42,7 @@ from ..language_models import GPT as PackageGPT
 from ..language_models import GPTConfig, LMRecipe
 from ..language_models import generate as package_generate
 from ..train import TrainConfig, lr_at, train
-from . import _REGISTRY, Exercise, Mistake, exercise, randn
+from . import _REGISTRY, ClassExercise, Mistake, exercise, randn
 
 
 def _scores(gen: torch.Generator, *shape: int) -> Tensor:
@@ -456,7 +456,7 @@ def _tensor(x: Any, what: str) -> Tensor:
 
 
 @dataclass
-class CapstoneExercise(Exercise):
+class CapstoneExercise(ClassExercise):
     """An exercise of the capstone: the answer is a class or a function with a fixed interface, run on
     fixed cases.
 
@@ -480,31 +480,9 @@ class CapstoneExercise(Exercise):
     expected: Callable[[Any], Output] | None = None
     locate: Callable[[Any, Any], str | None] | None = None
     describe: Callable[[Any], str] = str
-    kind: str = "class"  # what check() expects: "class" or "function"
     passed: str = "matches the package"
 
-    def check(self, answer: Any) -> Any:
-        if answer is None:
-            return self._feedback("not attempted", f"pass your {self.kind} to check(...).")
-        if not callable(answer):
-            return self._feedback(
-                "incorrect",
-                f"check() expects your {self.kind} itself (e.g. check({self.name!r}, "
-                f"{self.solution.__name__})), got a {type(answer).__name__}.",
-            )
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny cases: one thread is fastest, most of all on a busy CPU
-        try:
-            with torch.random.fork_rng(devices=[]):  # the learner's random state is left alone
-                return self._check(answer)
-        except NotImplementedError:
-            return self._feedback(
-                "not attempted", "replace `raise NotImplementedError` with your code."
-            )
-        finally:
-            torch.set_num_threads(threads)
-
-    def _check(self, answer: Any) -> Any:
+    def _check_answer(self, answer: Any) -> Any:
         cases, worst = self.cases(), 0.0
         for case in cases:
             where = f" [{self.describe(case)}]"

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..multihead import SelfAttention
-from . import _REGISTRY, Exercise, Mistake, exercise, randn
+from . import _REGISTRY, ClassExercise, Exercise, Mistake, exercise, randn
 
 # ---------------------------------------------------------------------------------------------------
 # 1. Split the features of every token into H heads
@@ -461,37 +461,16 @@ def _where(X: Tensor, layer: SelfAttention) -> str:
 
 
 @dataclass
-class LayerExercise(Exercise):
+class LayerExercise(ClassExercise):
     """An exercise whose answer is a class: ``answer(D, H)`` must build an ``nn.Module`` with the
     parameter names :data:`LAB_NAMES`; it is run with the package's weights on ``trials`` seeded
     batches and compared with :class:`~transformer_course.multihead.SelfAttention`. A difference is
     explained by the first :class:`Mistake` (a wrong class) whose output equals the learner's, then
     by the generic diagnoses of :class:`Exercise` (wrong shape, NaN, largest error)."""
 
-    def check(self, answer: Any) -> Any:
-        if answer is None:
-            return self._feedback("not attempted", "pass your class to check(...).")
-        if isinstance(answer, nn.Module):
-            return self._feedback(
-                "incorrect",
-                f"pass the class itself, check({self.name!r}, MultiHeadSelfAttention), not an "
-                "instance: the checker builds it for several sizes.",
-            )
-        if not callable(answer):
-            return self._feedback(
-                "incorrect",
-                f"check() expects your class itself (e.g. check({self.name!r}, "
-                f"MultiHeadSelfAttention)), got a {type(answer).__name__}.",
-            )
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny layers: one thread is fastest, most of all on a busy CPU
-        try:
-            with torch.random.fork_rng(devices=[]):  # building layers must not move the lab's seed
-                return self._check_layer(answer)
-        finally:
-            torch.set_num_threads(threads)
+    example: str = "MultiHeadSelfAttention"
 
-    def _check_layer(self, answer: Any) -> Any:
+    def _check_answer(self, answer: Any) -> Any:
         wrong = [  # each mistake as a function of the inputs, for Exercise._compare
             Mistake(m.why, lambda X, layer, cls=m.wrong: _run(cls, X, layer)) for m in self.mistakes
         ]

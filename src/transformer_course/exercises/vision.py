@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .. import block, position, tokens
 from ..vision import ViT, ViTConfig
-from . import _REGISTRY, Exercise, Feedback, Mistake, exercise, randn
+from . import _REGISTRY, ClassExercise, Exercise, Feedback, Mistake, exercise, randn
 
 # ---------------------------------------------------------------------------------------------------
 # 1. How many tokens, and how wide (Turner fig. 2; Dosovitskiy et al. sec. 3.1)
@@ -470,7 +470,7 @@ def _vit_case(images: Tensor, vit: ViT) -> str:
 
 
 @dataclass
-class ViTExercise(Exercise):
+class ViTExercise(ClassExercise):
     """An exercise whose answer is a class: ``answer(config)`` must build an ``nn.Module`` with the
     package :class:`~transformer_course.vision.ViT`'s parameter names; it is run with a seeded ViT's
     weights on ``trials`` configurations and its logits compared with the ViT's. A difference is
@@ -478,30 +478,9 @@ class ViTExercise(Exercise):
     the generic diagnoses of :class:`Exercise` (wrong shape, NaN, largest error). The pattern of
     :class:`.multihead.LayerExercise`, for a whole model."""
 
-    def check(self, answer: Any) -> Feedback:
-        if answer is None:
-            return self._feedback("not attempted", "pass your class to check(...).")
-        if isinstance(answer, nn.Module):
-            return self._feedback(
-                "incorrect",
-                f"pass the class itself, check({self.name!r}, VisionTransformer), not an instance: "
-                "the checker builds it for several configurations.",
-            )
-        if not callable(answer):
-            return self._feedback(
-                "incorrect",
-                f"check() expects your class itself (e.g. check({self.name!r}, "
-                f"VisionTransformer)), got a {type(answer).__name__}.",
-            )
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny models: one thread is fastest, most of all on a busy CPU
-        try:
-            with torch.random.fork_rng(devices=[]):  # building models must not move the lab's seed
-                return self._check_model(answer)
-        finally:
-            torch.set_num_threads(threads)
+    example: str = "VisionTransformer"
 
-    def _check_model(self, answer: Any) -> Feedback:
+    def _check_answer(self, answer: Any) -> Feedback:
         wrong = [  # each mistake as a function of the inputs, for Exercise._compare
             Mistake(m.why, lambda x, vit, cls=m.wrong: _run_vit(cls, x, vit)) for m in self.mistakes
         ]
