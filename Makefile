@@ -66,7 +66,7 @@ sync: $(STAMP)  ## regenerate every lab's Colab badge and setup cell from pyproj
 labs: $(STAMP)  ## regenerate the labs' head cells and re-execute them, storing outputs
 	$(BIN)/python scripts/sync_labs.py --execute
 
-BENCHES := attention decode lm seq2seq vit_digits mlm
+BENCHES := attention decode lm seq2seq vit_digits mlm bpe
 BENCH_DEVICE ?= cpu
 
 bench: $(STAMP)  ## run every benchmark; results go to bench/results/<device>/<name>.json for the book
@@ -75,13 +75,13 @@ bench: $(STAMP)  ## run every benchmark; results go to bench/results/<device>/<n
 	  $(BIN)/python bench/$$b.py --device $(BENCH_DEVICE) | tee bench/results/$(BENCH_DEVICE)/$$b.log || exit 1; \
 	  tail -n 1 bench/results/$(BENCH_DEVICE)/$$b.log > bench/results/$(BENCH_DEVICE)/$$b.json; done
 
-# The long studies, about 2 hours on 2 idle cores: the scaling sweep and the modern model (read by
-# the training and extensions chapters), every claim at its large setting (claims), the position
+# The long studies, about 2 hours on 2 idle cores: the scaling sweep, the learning-rate sweep and the
+# modern model (read by the training and extensions chapters), every claim at its large setting (claims), the position
 # schemes beyond the training length (length, extensions), the masked auto-encoder against the ViT
 # (mae_digits, masked models), the book's cold and warm build times, then the seeds of the scaling
 # study's held-out sizes and every claim at each rate of the learning-rate grid. Results are stored
 # like `make bench`'s.
-LONG_BENCHES := scaling modern claims length mae_digits build
+LONG_BENCHES := scaling lr_sweep modern claims length mae_digits build
 ARGS_claims := --setting large
 # tc.claims.LR_GRID: every claim again at each rate of the grid (about 15 minutes each on 2 cores)
 CLAIMS_LR_GRID = $(shell $(BIN)/python -c "import transformer_course.claims as c; print(*c.LR_GRID)")

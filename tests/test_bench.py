@@ -145,3 +145,20 @@ def test_mlm_bench_quick():
     result, _ = run_bench("mlm.py", "--steps", "3", "--windows", "64", "--threads", "1")
     assert result["steps"] == 3 and result["windows"] == 64  # (a 3-step run meets no target)
     assert set(result["mlm_nll_by_right"]) >= {"0"} and result["gpt_nll"] > 0
+
+
+def test_bpe_bench_quick():
+    needs_corpus()
+    result, printed = run_bench("bpe.py", "--quick")
+    assert result["merges"] == 30 and result["characters"] == 20_000
+    assert result["merges_identical"] is True  # the fast trainer learns the recount's merges
+    assert result["recount_seconds"] > 0 and result["fast_seconds"] > 0
+    assert "recount (train_reference)" in printed
+
+
+def test_lr_sweep_bench_quick():
+    needs_corpus()
+    result, _ = run_bench("lr_sweep.py", "--quick", "--threads", "1")
+    assert result["quick"] and len(result["runs"]) == 2 * 3 and set(result["best"]) == {"16", "32"}
+    for best in result["best"].values():
+        assert best["grid_lr"] in result["lrs"] and best["params"] > 0

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
+import sys
+import unicodedata
+from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -432,17 +437,369 @@ def test_overlapping_patches_match_a_loop_and_a_strided_convolution():
         patchify(torch.zeros(1, 1, 7, 7), 4, stride=2)
 
 
+# ------------------------------------------------------------------------------------------------
+# Special tokens
+# ------------------------------------------------------------------------------------------------
+
+EOT = "<|endoftext|>"
+
+
+def test_special_tokens_get_ids_after_the_merges_and_are_never_merged():
+    text = f"ab{EOT}ab{EOT}{EOT}abab"
+    tok = BPETokenizer.train(text, vocab_size=300, special_tokens=[EOT])
+    # only "ab" (and then "abab") can be learned: the special token's bytes never take part
+    assert tok.merges == [(97, 98), (256, 256)]
+    assert tok.special_tokens == {EOT: 258} and tok.vocab_size == 259
+    assert tok.encode(text) == [256, 258, 256, 258, 258, 257]
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.tokens_as_strings(f"x{EOT}y") == ["x", EOT, "y"]
+    plain = BPETokenizer(tok.merges)  # the same merges, no special token: it is split into bytes
+    assert plain.encode(EOT) == list(EOT.encode()) and len(plain.encode(EOT)) == 13
+
+
+def test_special_tokens_round_trip_and_leave_their_neighbours_alone():
+    rng = random.Random(3)
+    specials = [EOT, "<|end|>", "<|end|>\n"]
+    train_text = random_text(rng, 3000)
+    tok = BPETokenizer.train(train_text, vocab_size=330, special_tokens=specials)
+    plain = BPETokenizer(tok.merges)
+    for _ in range(50):
+        parts = [random_text(rng, rng.randrange(0, 12)) for _ in range(6)]
+        text = "".join(p + rng.choice(specials) for p in parts)
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text
+        expected = []  # each ordinary span encoded on its own, each special token one id
+        for span, special in tc.tokens.split_special(text, specials):
+            expected += [tok.special_tokens[span]] if special else plain.encode(span)
+        assert ids == expected
+
+
+def test_split_special_longest_first_leftmost_first():
+    split = tc.tokens.split_special
+    specials = ["<|end|>", "<|end|>\n"]
+    assert split("a<|end|>\nb<|end|>c", specials) == [
+        ("a", False), ("<|end|>\n", True), ("b", False), ("<|end|>", True), ("c", False)
+    ]  # fmt: skip
+    assert split("a<|end|>\nb", specials[::-1]) == split("a<|end|>\nb", specials)  # order given
+    assert split("abc", ["bc", "ab"]) == [("ab", True), ("c", False)]  # the leftmost starts first
+    assert split("", specials) == [] and split("xy", []) == [("xy", False)]
+
+
+def test_text_holding_only_part_of_a_special_token_is_ordinary():
+    tok = BPETokenizer.train("the <|end of it <|endoftext", vocab_size=280, special_tokens=[EOT])
+    plain = BPETokenizer(tok.merges)
+    for text in ["<|endoftext", "<|endoftext|", "<|", "|>", "x <|endof y", "<|endoftext|"[::-1]]:
+        assert tok.encode(text) == plain.encode(text), text
+    assert tok.encode("<|endoftext|>x") == [tok.special_tokens[EOT], *plain.encode("x")]
+
+
+def test_special_token_errors():
+    with pytest.raises(ValueError, match="must not be empty"):
+        BPETokenizer(special_tokens=[""])
+    with pytest.raises(ValueError, match=r"\['<\|a\|>'\] registered twice"):
+        BPETokenizer(special_tokens=["<|a|>", "<|b|>", "<|a|>"])
+    with pytest.raises(TypeError, match=r"must be a str, got b'<\|a\|>' \(bytes\)"):
+        BPETokenizer(special_tokens=[b"<|a|>"])
+    with pytest.raises(TypeError, match=r"got the string '<\|a\|>'; write \['<\|a\|>'\]"):
+        BPETokenizer(special_tokens="<|a|>")
+    with pytest.raises(ValueError, match=r"has id 97, which the token b'a' already has"):
+        BPETokenizer(special_tokens={"<|a|>": 97})
+    with pytest.raises(ValueError, match="share an id"):
+        BPETokenizer(special_tokens={"<|a|>": 300, "<|b|>": 300})
+    with pytest.raises(ValueError, match=r"vocab_size=256 is too small.*1 special token.*>= 257"):
+        BPETokenizer.train("abc", vocab_size=256, special_tokens=[EOT])
+    with pytest.raises(TypeError, match="text must be a str"):
+        tc.tokens.split_special(b"abc", [EOT])
+
+
+# ------------------------------------------------------------------------------------------------
+# GPT-2's pre-tokenization pattern
+# ------------------------------------------------------------------------------------------------
+
+
+def test_gpt2_pattern_by_hand():
+    from transformer_course.tokens import pretokenize
+
+    text = "they're  here, I'll pay 1,000 ducats!!\n\n  x² WE'LL"
+    assert pretokenize(text, "gpt2") == [
+        "they", "'re", " ", " here", ",", " I", "'ll", " pay", " 1", ",", "000", " ducats", "!!",
+        "\n\n ", " x", "²", " WE", "'", "LL",
+    ]  # fmt: skip
+    assert pretokenize(text) == [  # the course's pattern: no contractions, digits are word chars
+        "they", "'", "re", "  ", "here", ",", " I", "'", "ll", " pay", " 1", ",", "000", " ducats",
+        "!!", "\n\n  ", "x²", " WE", "'", "LL",
+    ]  # fmt: skip
+    for pattern in tc.tokens.PATTERNS:
+        assert "".join(pretokenize(text, pattern)) == text
+    with pytest.raises(ValueError, match=r"pattern='gpt3' is not a pre-tokenization pattern"):
+        pretokenize(text, "gpt3")
+
+
+def _all_code_points() -> str:
+    return "".join(map(chr, range(sys.maxunicode + 1)))
+
+
+def test_gpt2_pattern_classes_equal_the_regex_module_on_every_code_point():
+    """\\p{L}, \\p{N} and \\s of the regex module against the course's re classes, code point by
+    code point. They may differ only where one of the two Unicode databases (Python's, or the newer
+    one regex ships) has not assigned the code point yet."""
+    regex = pytest.importorskip("regex")
+    from transformer_course.tokens.pretokenize import _WHITE_SPACE, _unicode_class
+
+    everything = _all_code_points()
+    assert set(regex.findall(r"\s", everything)) == set(re.findall(f"[{_WHITE_SPACE}]", everything))
+    assigned = regex.sub(
+        r"\p{Cn}", "", "".join(c for c in everything if unicodedata.category(c) != "Cn")
+    )
+    assert len(assigned) > 140_000  # every character both databases know
+    for theirs, ours in [(r"\p{L}", _unicode_class("L")), (r"\p{N}", _unicode_class("N"))]:
+        assert regex.findall(theirs, assigned) == re.findall(f"[{ours}]", assigned), theirs
+    # the look-alike [^\W\d_] is not \p{L}: it also takes numbers that are not decimal digits
+    assert re.findall(r"[^\W\d_]", "x²½Ⅻ") == ["x", "²", "½", "Ⅻ"]
+    assert regex.findall(r"\p{L}", "x²½Ⅻ") == ["x"]
+
+
+def test_gpt2_pattern_cuts_the_same_pieces_as_the_regex_module():
+    regex = pytest.importorskip("regex")
+    theirs = regex.compile(tc.tokens.GPT2_REGEX)
+    ours = tc.tokens.gpt2_pattern()
+    rng = random.Random(4)
+    alphabet = ALPHABET + "'srtvmld  \n\n\x1c\x85\u3000\u2028\xa0²½Ⅻ٣-"
+    for _ in range(3000):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 25)))
+        assert ours.findall(s) == theirs.findall(s), repr(s)
+    sample = tc.tokens.gpt2_sample().text
+    assert ours.findall(sample) == theirs.findall(sample)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPT-2's ranks: the shipped sample, exactly
+# ------------------------------------------------------------------------------------------------
+
+R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # tiktoken's hash
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return tc.tokens.gpt2_sample()
+
+
+@pytest.fixture(scope="module")
+def gpt2(sample):
+    return BPETokenizer.from_ranks(sample.ranks, sample.special_tokens)
+
+
+def test_gpt2_sample_is_encoded_exactly_as_tiktoken_encoded_it(sample, gpt2):
+    assert sample.source["ranks_sha256"] == R50K_SHA256  # the published GPT-2 table
+    assert sample.special_tokens == {EOT: 50256} and gpt2.vocab_size == 50257
+    assert len(sample.ids) > 150 and sample.text.count(EOT) == 3
+    assert gpt2.encode(sample.text) == sample.ids
+    assert gpt2.decode(sample.ids) == sample.text
+    assert list(gpt2.encode_iterable(sample.text.splitlines(keepends=True))) == sample.ids
+
+
+def test_gpt2_wrong_variants_differ(sample, gpt2):
+    course_split = BPETokenizer.from_ranks(sample.ranks, sample.special_tokens, pattern="course")
+    as_text = BPETokenizer.from_ranks(sample.ranks)  # "<|endoftext|>" not registered
+    assert course_split.encode(sample.text) != sample.ids
+    assert as_text.encode(EOT) == [27, 91, 437, 1659, 5239, 91, 29]  # <, |, end, of, text, |, >
+    assert gpt2.encode(EOT) == [50256]
+
+
+def test_gpt2_byte_ids_are_a_permutation_not_the_byte_values(sample):
+    byte_ids = {t[0]: r for t, r in sample.ranks.items() if len(t) == 1}
+    assert sorted(byte_ids.values()) == list(range(256))
+    assert byte_ids[ord("!")] == 0 and byte_ids[ord("A")] == 32 and byte_ids[0] == 188
+    gpt2 = BPETokenizer.from_ranks(sample.ranks)
+    assert gpt2.encode("\x00!") == [188, 0]
+
+
+def test_the_course_rule_equals_tiktoken_on_random_text(sample, gpt2):
+    """The same table in both encoders (the shipped part of GPT-2's): equal ids on any text."""
+    tiktoken = pytest.importorskip("tiktoken")
+    enc = tiktoken.Encoding(
+        "gpt2-sample",
+        pat_str=sample.source["pat_str"],
+        mergeable_ranks=sample.ranks,
+        special_tokens=sample.special_tokens,
+    )
+    rng = random.Random(5)
+    words = re.split(r"(\s+)", sample.text)
+    alphabet = ALPHABET + "'srtvmld<|>  \n\x1c\x85\u3000²½"
+    for trial in range(1500):
+        if trial % 2:
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+        else:
+            text = "".join(rng.choice(words) for _ in range(rng.randrange(0, 30)))
+        assert gpt2.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
+
+
+def test_ranks_of_a_trained_tokenizer_encode_like_its_merges():
+    """Lowest rank first (tiktoken's rule) = the merges in the order they were learned."""
+    rng = random.Random(6)
+    tok = BPETokenizer.train(random_text(rng, 4000), vocab_size=400)
+    ranks = {token: i for i, token in tok.vocab.items()}
+    assert len(ranks) == len(tok.vocab)  # no two tokens share their bytes
+    from_ranks = BPETokenizer.from_ranks(ranks, pattern="course")
+    for _ in range(100):
+        s = random_text(rng, rng.randrange(0, 80))
+        assert from_ranks.encode(s) == tok.encode(s)
+
+
+def test_from_ranks_errors():
+    ranks = {bytes([b]): b for b in range(256)}
+    with pytest.raises(ValueError, match=r"lacks 1 single byte\(s\)"):
+        BPETokenizer.from_ranks({t: r for t, r in ranks.items() if t != b"a"})
+    with pytest.raises(ValueError, match=r"rank 97 is given to both b'a' and b'ab'"):
+        BPETokenizer.from_ranks({**ranks, b"ab": 97})
+    with pytest.raises(ValueError, match="empty token"):
+        BPETokenizer.from_ranks({**ranks, b"": 300})
+    with pytest.raises(ValueError, match="pattern='GPT-2' is not"):
+        BPETokenizer.from_ranks(ranks, pattern="GPT-2")
+    tok = BPETokenizer.from_ranks({**ranks, b"ab": 300}, special_tokens=[EOT])
+    assert tok.special_tokens == {EOT: 301} and tok.encode("ab" + EOT) == [300, 301]
+
+
+def test_read_tiktoken_by_hand_and_errors():
+    from transformer_course.tokens import read_tiktoken
+
+    assert read_tiktoken("IQ== 0\nIg== 1\n\n") == {b"!": 0, b'"': 1}
+    assert read_tiktoken(b"IGE= 7\n") == {b" a": 7}
+    with pytest.raises(ValueError, match=r"line 2 of the ranks file is 'Ig=='"):
+        read_tiktoken("IQ== 0\nIg==\n")
+    with pytest.raises(ValueError, match=r"line 2: the token b'!' is listed twice"):
+        read_tiktoken("IQ== 0\nIQ== 1\n")
+
+
+# ------------------------------------------------------------------------------------------------
+# Streaming
+# ------------------------------------------------------------------------------------------------
+
+
+def random_chunks(rng: random.Random, text: str, cuts: Sequence[int] = ()) -> list[str]:
+    points = sorted(
+        {*cuts, *rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randrange(0, 30)))}
+    )
+    return [text[a:b] for a, b in pairwise([0, *points, len(text)])]
+
+
+def cut_points(text: str, specials: list[str]) -> list[int]:
+    """Places a chunk boundary is hard on: inside special tokens, runs of whitespace, contractions."""
+    inside = [m.start() + 1 + k for m in re.finditer(r"\s{2,}|'\w\w?", text) for k in range(2)]
+    for s in specials:
+        inside += [
+            i + k for i in range(len(text)) if text.startswith(s, i) for k in (1, len(s) - 1)
+        ]
+    return [i for i in inside if 0 < i < len(text)]
+
+
+@pytest.mark.parametrize("pattern", ["course", "gpt2"])
+def test_encode_iterable_equals_encode_of_the_joined_text(pattern):
+    rng = random.Random(7)
+    specials = [EOT, "<|end|>", "<|end|>\n"]
+    tok = BPETokenizer.train(
+        random_text(rng, 3000) + " they're we'll  ", 340, special_tokens=specials, pattern=pattern
+    )
+    pieces = [" they're", "  ", "\n\n", " x", "é😀", "'ll", "<|end", "<|end|>", *specials, "   a"]
+    for _ in range(150):
+        text = "".join(
+            rng.choice([*pieces, random_text(rng, 5)]) for _ in range(rng.randrange(0, 25))
+        )
+        expected = tok.encode(text)
+        chunks = random_chunks(rng, text, cut_points(text, specials))
+        assert list(tok.encode_iterable(chunks)) == expected, chunks
+        assert list(tok.encode_iterable(text)) == expected  # one character at a time
+
+
+def test_encode_iterable_on_the_gpt2_sample_with_every_two_chunk_split(sample, gpt2):
+    text = sample.text
+    for cut in range(len(text) + 1):
+        assert list(gpt2.encode_iterable([text[:cut], text[cut:]])) == sample.ids, cut
+
+
+def test_encode_iterable_streams_a_file_and_an_endless_source(tmp_path):
+    tok = BPETokenizer.train("to be or not to be, that is the question\n" * 20, 290, [EOT])
+    path = tmp_path / "text.txt"
+    text = ("to be or not to be" + EOT + "\n") * 300
+    path.write_text(text, encoding="utf-8")
+    with open(path, encoding="utf-8") as f:
+        assert list(tok.encode_iterable(f)) == tok.encode(text)
+    read = []
+
+    def endless():
+        while True:
+            read.append(1)
+            yield "that is the question " + EOT
+
+    first = list(itertools.islice(tok.encode_iterable(endless()), 1000))
+    assert first == tok.encode("".join(["that is the question " + EOT] * len(read)))[:1000]
+    assert len(read) < 200  # ids come out as the lines go in
+    with pytest.raises(TypeError, match="open a file in text mode"):
+        list(tok.encode_iterable([b"bytes"]))
+
+
+# ------------------------------------------------------------------------------------------------
+# Fast training = the recount
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", ["course", "gpt2"])
+def test_fast_training_learns_the_reference_merges_on_tiny_shakespeare(pattern):
+    try:
+        text = tc.data.tinyshakespeare_path(download=False).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        pytest.skip("no local copy of tiny-shakespeare (set TRANSFORMER_COURSE_DATA)")
+    for start in (0, 400_000, 1_000_000):
+        part = text[start : start + 15_000]
+        fast = BPETokenizer.train(part, 450, pattern=pattern)
+        reference = BPETokenizer.train_reference(part, 450, pattern=pattern)
+        assert fast.merges == reference.merges and len(fast.merges) == 450 - 256
+
+
+ADVERSARIAL = [
+    "aaaa",  # (a, a) overlaps itself: counted three times, merged twice
+    "aaaaaaa aaaa aaa aa a",
+    "abababab babababa",
+    "dcba abcd",  # every pair once: ties all the way down
+    "aaabdaaabac",
+    "zzzz yyyy zzzz yyyy",  # two pairs tie on count; the smaller ids win
+    "ab ba ab ba abab baba",
+]
+
+
+@pytest.mark.parametrize("text", ADVERSARIAL)
+def test_fast_training_learns_the_reference_merges_on_adversarial_texts(text):
+    for vocab_size in (257, 260, 300):  # 300: until no piece has two tokens left
+        fast = BPETokenizer.train(text, vocab_size)
+        assert fast.merges == BPETokenizer.train_reference(text, vocab_size).merges
+
+
+def test_fast_training_equals_the_reference_on_random_words():
+    from transformer_course.tokens import train_merges, train_merges_reference
+
+    rng = random.Random(8)
+    for _ in range(60):
+        words = {
+            tuple(rng.choice(b"aab") for _ in range(rng.randrange(1, 9))): rng.randrange(1, 4)
+            for _ in range(rng.randrange(1, 12))
+        }
+        n = rng.randrange(0, 30)
+        assert train_merges(words, n) == train_merges_reference(words, n), words
+    assert train_merges({(1, 1, 1, 1): 1}, 5) == [(1, 1), (256, 256)]
+
+
 # ----------------------------------------------------------------------------------------------
 # Exercises
 
 NAMES = list_exercises("tokens.")
 
 
-def test_the_lab_has_five_exercises():
+def test_the_lab_has_six_exercises():
     assert NAMES == [
         "tokens.bpe_merge",
         "tokens.char_encode",
         "tokens.count_tokens",
+        "tokens.encode_with_special",
         "tokens.one_hot_embed",
         "tokens.patchify",
     ]
@@ -488,6 +845,15 @@ def test_bpe_merge_matches_package_and_wikipedia_example():
 def test_patchify_solution_matches_package(gen):
     images = torch.randn(2, 3, 8, 12, generator=gen)
     assert torch.equal(ex_tokens.patchify(images, 4), tc.tokens.patchify(images, 4))
+
+
+def test_encode_with_special_matches_the_package(gen):
+    for trial in range(3):
+        text, special_ids, encode = ex_tokens._special_inputs(gen, trial)
+        merges = encode.__self__.merges  # the small tokenizer the exercise encodes with
+        tok = tc.tokens.BPETokenizer(merges, special_tokens=special_ids)
+        assert ex_tokens.encode_with_special(text, special_ids, encode).tolist() == tok.encode(text)
+        assert "<|end|>\n" in text and "<|end" in text.replace("<|end|>", "")
 
 
 @pytest.mark.parametrize(("H", "W", "P", "C"), [(224, 224, 16, 3), (30, 45, 7, 3), (8, 8, 4, 1)])

@@ -11,7 +11,7 @@ from transformer_course.data import get_batch
 from transformer_course.language_models import GPT, TINY
 from transformer_course.runtime import eval_mode
 from transformer_course.tokens import CharTokenizer
-from transformer_course.train import Recipe, TrainConfig, lr_at, train
+from transformer_course.train import Recipe, TrainConfig, lr_at, shard, train
 
 
 def test_a_few_training_steps_reduce_the_loss():
@@ -258,3 +258,90 @@ def test_two_ranks_with_padded_targets_train_like_one_process_or_refuse(tmp_path
     torch.testing.assert_close(ddp["params"], params, rtol=0, atol=1e-12)
     refused = _run_two_ranks(tmp_path, with_scored=False)  # padding would be weighted wrongly
     assert "pass scored=" in refused["error"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Gradient accumulation (eq-train-accum): k micro-batches give the batch's gradient and update
+
+
+def _gpt64_loss(m, batch):
+    from transformer_course.training import cross_entropy
+
+    x, y = batch
+    return cross_entropy(m(x)[0], y)  # in float64 (the GPT's own loss is computed in float32)
+
+
+def test_accumulated_micro_batches_give_the_batch_gradient_and_update_in_float64():
+    from transformer_course.train import accumulate_backward
+
+    ids = torch.randint(0, 65, (800,), generator=torch.Generator().manual_seed(0))
+    batch = get_batch(ids, 16, 8, torch.Generator().manual_seed(1))
+
+    def grads(k, **kwargs):
+        torch.manual_seed(0)
+        model = GPT(TINY).double()
+        loss = accumulate_backward(model, _gpt64_loss, batch, k, **kwargs)
+        return loss, torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    loss1, g1 = grads(1)
+    for k in (2, 4, 8):
+        loss_k, g_k = grads(k)
+        torch.testing.assert_close(g_k, g1, rtol=0, atol=1e-12 * g1.abs().max().item())
+        assert abs(loss_k.item() - loss1.item()) < 1e-12
+    _, g_sum = grads(4, scored=lambda b: 1)  # equal weights, as without scored
+    torch.testing.assert_close(g_sum, g1, rtol=0, atol=1e-12 * g1.abs().max().item())
+
+    def trained(k):
+        torch.manual_seed(0)
+        model = GPT(TINY).double()
+        cfg = TrainConfig(max_steps=6, lr=3e-3, warmup_steps=2, accumulate=k)
+        hist = train(model, lambda g: get_batch(ids, 16, 8, g), _gpt64_loss, cfg, progress=False)
+        return hist, torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    (h1, p1), (h4, p4) = trained(1), trained(4)
+    assert max(abs(a - b) for a, b in zip(h1.train_loss, h4.train_loss, strict=True)) < 1e-12
+    torch.testing.assert_close(p4, p1, rtol=0, atol=1e-12)  # six AdamW updates, the same
+    torch.manual_seed(0)
+    p0 = torch.cat([p.detach().flatten() for p in GPT(TINY).double().parameters()])
+    assert (p1 - p0).abs().max() > 1e-3  # the updates are not vanishingly small
+
+
+def test_padded_micro_batches_are_weighted_by_their_scored_positions():
+    from torch import nn
+
+    from transformer_course.train import accumulate_backward
+
+    batch = _padded_batch()  # the two halves score 6 and 2 positions
+    model = nn.Linear(4, 5).double()
+
+    def grad(k, scored=None, divide=True):
+        model.zero_grad()
+        if divide:
+            accumulate_backward(model, _padded_loss, batch, k, scored)
+        else:  # the mistake: each micro-batch's mean loss backpropagated as it is
+            for r in range(k):
+                _padded_loss(model, shard(batch, r, k)).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    def count(b):
+        return (b[1] != -100).sum()
+
+    whole = grad(1)
+    torch.testing.assert_close(grad(2, count), whole, rtol=0, atol=1e-14)
+    torch.testing.assert_close(grad(4, count), whole, rtol=0, atol=1e-14)
+    assert (grad(2) - whole).abs().max() > 1e-3  # 1/k each: wrong when the counts differ
+    assert (grad(2, divide=False) - whole).abs().max() > 1e-3  # not divided at all
+    with pytest.raises(ValueError, match="does not split into 3 equal micro-batches"):
+        accumulate_backward(model, _padded_loss, batch, 3, count)
+    x, y = batch
+    y = y.clone()
+    y[3] = -100  # the last micro-batch of 4 scores nothing
+    with pytest.raises(ValueError, match="every micro-batch must score at least one position"):
+        accumulate_backward(model, _padded_loss, (x, y), 4, count)
+
+
+def test_train_config_checks_its_new_settings():
+    with pytest.raises(ValueError, match="accumulate must be >= 1"):
+        TrainConfig(accumulate=0)
+    with pytest.raises(ValueError, match="autocast must be one of"):
+        TrainConfig(autocast="float16")

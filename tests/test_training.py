@@ -3,6 +3,7 @@ determinism, and the exercises' specifics (the scaling bench's quick mode is in 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 import subprocess
@@ -418,7 +419,9 @@ def test_all_exercises_are_registered():
         "training.clip_by_global_norm",
         "training.cross_entropy",
         "training.lr_schedule",
+        "training.resume",
         "training.train_steps",
+        "training.accumulate",
     }
 
 
@@ -490,3 +493,242 @@ def test_training_solutions_do_not_change_their_inputs():
     before = W0.clone()
     ex.train_steps(W0, X, y, steps, lr, c)
     assert torch.equal(W0, before)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_resume_exercise_solution_equals_the_run_that_never_stopped(trial):
+    args = ex._resume_inputs(torch.Generator().manual_seed(1000 + trial), trial)
+    W0, X, y, _first, total, lr, p = args
+    W, opt, gen = ex.toy_start(W0, lr, seed=0)
+    for _ in range(total):
+        ex.toy_step(W, opt, gen, X, y, p)
+    assert torch.equal(ex.resume(*args), W.detach())
+
+
+def test_checking_the_resume_exercise_leaves_the_lab_s_random_numbers_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    assert check("training.resume", ex.resume)
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_accumulate_exercise_solution_is_the_whole_batch_gradient(trial):
+    W0, X, y, k = ex._accumulate_inputs(torch.Generator().manual_seed(1000 + trial), trial)
+    W = W0.clone().requires_grad_(True)
+    F.cross_entropy(X @ W, y, ignore_index=-100).backward()
+    torch.testing.assert_close(ex.accumulate(W0, X, y, k), W.grad, rtol=0, atol=1e-14)
+    assert all(int((y_i != -100).sum()) > 0 for y_i in y.chunk(k))  # no empty micro-batch
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory and FLOPs of a training step (eq-train-memory, eq-train-flops), predicted vs measured
+
+WIDER = tc.language_models.GPTConfig(
+    vocab_size=65, block_size=64, n_layers=3, H=4, d_model=64, dropout=0.0
+)
+ACCOUNTED = [(dataclasses.replace(TINY, dropout=0.0), 8, 32), (WIDER, 4, 48)]
+
+
+@pytest.mark.parametrize("cfg, B, N", ACCOUNTED)
+def test_parameters_activations_and_flops_are_predicted_exactly(cfg, B, N):
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 65, (2, B, N), generator=g)
+    assert training.gpt_params(cfg) == model.num_params()
+    memory = training.step_memory(cfg, B, N)
+    assert training.saved_activation_bytes(model, lambda: model(x, y)[1]) == memory["activations"]
+    flops = training.step_flops(cfg, B, N)
+    counted = training.counted_flops(lambda: model(x, y)[1])
+    assert counted["total"] == flops["total"] and counted["aten.bmm"] == flops["attention"]
+    assert flops["six_n_d"] != flops["total"]  # 6|theta|BN is an estimate, not the count
+    forward = training.counted_flops(lambda: model(x, y)[1], backward=False)["total"]
+    assert 3 * forward == flops["total"]  # the backward pass costs twice the forward
+
+
+@pytest.mark.parametrize("cfg, B, N", ACCOUNTED)
+def test_the_measured_peak_of_a_step_is_within_ten_percent_of_the_prediction(cfg, B, N):
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 65, (2, B, N), generator=g)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(x, y)[1].backward()
+    opt.step()  # AdamW's moments now exist
+    measured = training.peak_step_memory(model, opt, lambda: model(x, y)[1])
+    predicted = training.step_memory(cfg, B, N)
+    assert measured["resident"] == predicted["weights"] + predicted["adam"]
+    assert abs(measured["peak"] / predicted["total"] - 1) < 0.1, (measured, predicted)
+    assert measured["peak_above"] > predicted["activations"]  # the activations are all alive once
+
+
+def test_accounting_refuses_dropout():
+    with pytest.raises(ValueError, match="without dropout"):
+        training.step_memory(dataclasses.replace(TINY, dropout=0.1), 2, 8)
+
+
+# ----------------------------------------------------------------------------------------------
+# bfloat16 autocast on the CPU: what is cast, what stays float32, and the loss it reaches
+
+
+def test_cpu_autocast_casts_the_matrix_products_and_keeps_the_state_in_float32():
+    from transformer_course.data import get_batch
+    from transformer_course.train import train
+
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    ids = torch.randint(0, 65, (600,), generator=torch.Generator().manual_seed(0))
+    seen: dict[str, set] = {}
+
+    def record(module, inputs, output):
+        seen.setdefault(type(module).__name__, set()).add(output.dtype)
+
+    hooks = [
+        m.register_forward_hook(record)
+        for m in model.modules()
+        if type(m) in (nn.Linear, tc.block.LayerNorm)
+    ]
+    losses = []
+
+    def loss_fn(m, batch):
+        loss = m(*batch)[1]
+        losses.append(loss.dtype)
+        return loss
+
+    cfg = TrainConfig(max_steps=2, warmup_steps=1, autocast="bfloat16")
+    train(model, lambda g: get_batch(ids, 16, 4, g), loss_fn, cfg, progress=False)
+    for h in hooks:
+        h.remove()
+    assert seen == {"Linear": {torch.bfloat16}, "LayerNorm": {torch.float32}}
+    assert set(losses) == {torch.float32}
+    assert all(
+        p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters()
+    )
+    seen.clear()
+    hooks = [m.register_forward_hook(record) for m in model.modules() if type(m) is nn.Linear]
+    train(
+        model, lambda g: get_batch(ids, 16, 4, g), loss_fn, TrainConfig(max_steps=1), progress=False
+    )
+    assert seen == {"Linear": {torch.float32}}  # the default, "auto", leaves the CPU alone
+    for h in hooks:
+        h.remove()
+
+
+def test_cpu_autocast_trains_to_the_float32_loss_where_bf16_weights_do_not():
+    from transformer_course.data import get_batch
+    from transformer_course.train import train
+
+    tok = tc.tokens.CharTokenizer.from_text(training.DEMO_TEXT)
+    ids = tok.encode_tensor(training.DEMO_TEXT)
+    held_out = get_batch(ids, 32, 16, torch.Generator().manual_seed(1))
+
+    def run(autocast, dtype=torch.float32):
+        torch.manual_seed(0)
+        model = GPT(dataclasses.replace(TINY, vocab_size=tok.vocab_size)).to(dtype)
+        cfg = TrainConfig(max_steps=60, lr=3e-3, warmup_steps=5, autocast=autocast)
+        train(
+            model, lambda g: get_batch(ids, 32, 16, g), lambda m, b: m(*b)[1], cfg, progress=False
+        )
+        with torch.no_grad():
+            return model(*held_out)[1].item()
+
+    fp32, mixed, pure_bf16 = run(None), run("bfloat16"), run(None, torch.bfloat16)
+    assert abs(mixed - fp32) < 0.01 < abs(pure_bf16 - fp32), (fp32, mixed, pure_bf16)
+
+
+# ----------------------------------------------------------------------------------------------
+# The best learning rate and the IsoFLOP view (eq-train-vertex, eq-train-surface, eq-train-isoflop)
+
+
+def test_log_parabola_minimum_finds_a_known_vertex_and_refuses_an_unbracketed_one():
+    x = np.geomspace(1e-3, 1e-1, 7)
+    y = 2.0 + 0.3 * (np.log(x) - np.log(7e-3)) ** 2
+    fit = training.log_parabola_minimum(x, y)
+    assert abs(fit.x_opt / 7e-3 - 1) < 1e-9 and abs(fit.y_opt - 2.0) < 1e-12
+    u0, h = np.log(x[2]), np.log(2.0)  # the three-point form on a grid a factor 2 apart
+    grid = np.exp(u0 + h * np.array([-1, 0, 1]))
+    yy = 1.0 + (np.log(grid) - np.log(3e-3)) ** 2
+    vertex = u0 + h * (yy[0] - yy[2]) / (2 * (yy[0] - 2 * yy[1] + yy[2]))
+    assert abs(training.log_parabola_minimum(grid, yy).x_opt - np.exp(vertex)) < 1e-15
+    with pytest.raises(ValueError, match="do not bracket a minimum"):
+        training.log_parabola_minimum(x, -y)
+    with pytest.raises(ValueError, match="at least three"):
+        training.log_parabola_minimum(x[:2], y[:2])
+
+
+def test_best_learning_rate_reads_the_vertex_and_handles_edges_and_divergence():
+    lrs = [1e-3 * 2**k for k in range(6)]
+    losses = [2.0 + 0.2 * (math.log(lr) - math.log(5e-3)) ** 2 for lr in lrs]
+    best = training.best_learning_rate(lrs, losses)
+    assert best["bracketed"] and abs(best["lr"] / 5e-3 - 1) < 1e-9 and best["grid_lr"] == 4e-3
+    edge = training.best_learning_rate(lrs, sorted(losses))  # falls all the way: the first is best
+    assert not edge["bracketed"] and edge["lr"] == 1e-3
+    diverged = training.best_learning_rate(lrs, [*losses[:-1], None])  # the largest rate blew up
+    assert diverged["bracketed"] and diverged["lr"] == best["lr"]
+
+
+def _synthetic_runs(surface, sizes, tokens):
+    return [
+        {"params": n, "tokens": t, "flops": 6 * n * t, "val_loss": float(surface(n, t)), "steps": t}
+        for n in sizes
+        for t in tokens
+    ]
+
+
+def test_the_loss_surface_and_its_compute_optimal_size_are_recovered_from_synthetic_runs():
+    truth = training.LossSurface(c=1.2, a=40.0, alpha=0.35, a_tok=300.0, alpha_tok=0.32)
+    runs = _synthetic_runs(truth, np.geomspace(1e4, 2e6, 6), np.geomspace(3e5, 3e7, 4))
+    fit, rms = training.fit_loss_surface(runs)
+    assert rms < 1e-6 and abs(fit.gamma - truth.gamma) < 1e-3
+    C = np.geomspace(1e12, 1e15, 4)
+    np.testing.assert_allclose(fit.n_opt(C), truth.n_opt(C), rtol=1e-3)
+    for c in C:  # the closed form is the minimum along 6 |theta| n_tok = C
+        n = np.geomspace(truth.n_opt(c) / 30, truth.n_opt(c) * 30, 2001)
+        assert abs(n[np.argmin(truth(n, c / (6 * n)))] / truth.n_opt(c) - 1) < 0.01
+
+
+def test_isoflop_profiles_and_minima_find_the_known_frontier():
+    truth = training.LossSurface(c=1.2, a=40.0, alpha=0.35, a_tok=300.0, alpha_tok=0.32)
+    levels = np.geomspace(1e12, 1e14, 3)
+    runs = []  # many sizes, each trained exactly at every level (an IsoFLOP design)
+    for c in levels:
+        sizes = truth.n_opt(c) * np.geomspace(1 / 8, 8, 9)
+        runs += [{"params": int(n), "tokens": c / (6 * int(n)), "flops": c,
+                  "val_loss": float(truth(int(n), c / (6 * int(n))))} for n in sizes]  # fmt: skip
+    minima = training.isoflop_minima(training.isoflop_profiles(runs, levels))
+    opt = [minima[float(c)]["params_opt"] for c in levels]
+    assert all(minima[float(c)]["bracketed"] for c in levels)
+    np.testing.assert_allclose(opt, truth.n_opt(levels), rtol=0.05)  # a parabola: near, not exact
+    gamma, _ = training.fit_frontier(levels, opt)
+    assert abs(gamma - truth.gamma) < 0.02
+    # a study of a few fixed budgets per size meets few sizes at one level, and interpolates:
+    # compute ranges 2e4: 1.2e11..4.8e11, 6e4: 3.6e11..1.44e12, 2e5: 1.2e12..4.8e12
+    grid = _synthetic_runs(truth, [2e4, 6e4, 2e5], [1e6, 2e6, 4e6])
+    between, exact, beyond = training.isoflop_profiles(grid, [4e11, 7.2e11, 2e13]).values()
+    assert [(p["params"], p["measured"]) for p in between] == [(20000, False), (60000, False)]
+    assert [(p["params"], p["measured"]) for p in exact] == [(60000, True)] and beyond == []
+    u = (math.log(4e11) - math.log(2.4e11)) / (math.log(4.8e11) - math.log(2.4e11))
+    assert abs(between[0]["loss"] - ((1 - u) * truth(2e4, 2e6) + u * truth(2e4, 4e6))) < 1e-12
+    assert not training.isoflop_minima({4e11: between})[4e11]["bracketed"]
+    with pytest.raises(ValueError, match="two budgets or more"):
+        training.fit_frontier([1e12], [1e5])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_update_rounded_away_agrees_with_low_precision_arithmetic(dtype):
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(20000, generator=g) * 4).to(dtype)
+    w = w[(w != 0) & (torch.log2(w.abs().double()) % 1 != 0)]  # strictly inside [2^nu, 2^(nu+1))
+    delta = torch.randn(len(w), generator=g, dtype=torch.float64) * 10 ** torch.empty(
+        len(w), dtype=torch.float64
+    ).uniform_(-5, 0, generator=g)
+    bound = 2.0 ** (torch.floor(torch.log2(w.abs().double())) - training.SIGNIFICAND_BITS[dtype])
+    clear = (delta.abs() / bound - 1).abs() > 1e-6  # ties are decided by rounding to even
+    w, delta = w[clear], delta[clear]
+    lost = (w.double() + delta).to(torch.float32).to(dtype) == w
+    predicted = training.update_rounded_away(w, delta, dtype)
+    assert torch.equal(predicted, lost) and 0.2 < lost.double().mean() < 0.8
+    with pytest.raises(ValueError, match="no binary exponent"):
+        training.update_rounded_away(torch.zeros(1), torch.ones(1))

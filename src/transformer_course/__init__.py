@@ -5,7 +5,7 @@ as tc``); nothing is copied into a page. Each chapter has one module of the same
 ``tc.tokens``, ``tc.attention``, ``tc.self_attention``, ``tc.multihead``, ``tc.block``, ``tc.position``,
 ``tc.language_models``, ``tc.encoder_decoder``, ``tc.vision``, ``tc.training``, ``tc.claims``,
 ``tc.relations``, ``tc.extensions``, ``tc.masked``; the long ones are subpackages with one file per
-part); ``data``, ``train``, ``plots``,
+part); ``data``, ``train``, ``checkpoint``, ``plots``,
 ``runtime``, ``results``, ``project`` and ``checks`` (the book's one check helper,
 :func:`checks.verify`) are shared infrastructure. The exercises of the labs,
 ``tc.exercises``, are imported only when first used.
@@ -17,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from . import (
     attention,
     block,
+    checkpoint,
     checks,
     claims,
     data,
@@ -55,6 +56,7 @@ __all__ = [
     "attention",
     "attention_weights",
     "block",
+    "checkpoint",
     "checks",
     "claims",
     "data",

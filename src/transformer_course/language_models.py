@@ -638,6 +638,10 @@ def train_char_lm(
     seed: int = 0,
     progress: bool = False,
     model_cls: type[GPT] | None = None,
+    *,
+    checkpoint_path: str | pathlib.Path | None = None,
+    checkpoint_every: int | None = None,
+    resume_from: str | pathlib.Path | None = None,
 ) -> LMRun:
     """Train a character GPT on tiny-shakespeare with ``recipe`` (``steps`` shortens it).
 
@@ -645,6 +649,11 @@ def train_char_lm(
     whole text, the model is seeded with ``seed``, batches are random windows of the training part.
     ``model_cls`` (default :class:`GPT`) swaps the model class only, e.g. the modern model of
     chapter 13 (:func:`.extensions.train_modern_lm`); split, batches and loop stay the same.
+
+    ``checkpoint_path``, ``checkpoint_every`` and ``resume_from`` go to :func:`.train.train`: the run
+    is saved as it goes, and a run resumed from its checkpoint ends exactly as the uninterrupted run
+    would have (chapter *Training*). The checkpoint records the recipe, the seed and the model class;
+    resuming with another of them is refused.
     """
     model_cls = GPT if model_cls is None else model_cls
     recipe = recipe.with_steps(steps)
@@ -671,5 +680,9 @@ def train_char_lm(
         train_cfg,
         evaluate,
         progress=progress,
+        checkpoint_path=checkpoint_path,
+        checkpoint_every=checkpoint_every,
+        resume_from=resume_from,
+        run_config={"recipe": dataclasses.asdict(recipe), "model_cls": model_cls.__qualname__},
     )
     return LMRun(model, tok, history, train_ids, val_ids)

@@ -1,10 +1,15 @@
-"""One training loop for the course: AdamW, warm-up and cosine decay, clipping, periodic evaluation.
+"""One training loop for the course: AdamW, warm-up and cosine decay, clipping, periodic evaluation,
+gradient accumulation, bfloat16 autocast, and checkpoints to resume from.
 
 Shared infrastructure: chapter *Autoregressive language models* uses it first, then every chapter that
 trains a model. The loop is model-agnostic: it takes a function that draws a batch and a function that
-turns a batch into a loss. It never picks a device (the caller does) and uses bf16 autocast only on
-CUDA. A :class:`Recipe` holds every setting of one model's training run; each model's module defines
-its recipes and the function that runs one, which the benchmarks and the book pages both call.
+turns a batch into a loss. It never picks a device (the caller does); by default it autocasts to
+bfloat16 on CUDA only (``TrainConfig.autocast`` asks for it on any device, or never). A batch can be
+split into micro-batches whose gradients add up (``TrainConfig.accumulate``,
+:func:`accumulate_backward`), and a run can be saved and resumed bit for bit (``checkpoint_path=``,
+``resume_from=``; the file's contents are in :mod:`.checkpoint`). A :class:`Recipe` holds every
+setting of one model's training run; each model's module defines its recipes and the function that
+runs one, which the benchmarks and the book pages both call.
 
 The same loop runs data-parallel under ``torchrun`` (chapter *Training*): when ``torch.distributed`` is
 initialised, :func:`train` wraps the model in ``DistributedDataParallel`` (or accepts one already
@@ -16,8 +21,10 @@ logs is the global batch's mean. Single-process runs are untouched by this.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,12 +35,15 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm  # plain text bar: no ipywidgets needed in notebooks
 
+from .checkpoint import resume, save_checkpoint
 from .runtime import eval_mode
 
 __all__ = [
     "History",
     "Recipe",
     "TrainConfig",
+    "accumulate_backward",
+    "autocast_context",
     "global_grad_norm",
     "lr_at",
     "make_optimizer",
@@ -43,9 +53,19 @@ __all__ = [
 ]
 
 
+AUTOCAST = ("auto", "bfloat16", None)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings. ``min_lr`` defaults to ``lr / 10``; ``time_budget_s`` stops early."""
+    """Optimisation settings. ``min_lr`` defaults to ``lr / 10``; ``time_budget_s`` stops early.
+
+    ``accumulate`` splits every batch into that many micro-batches whose gradients add up before the
+    step (:func:`accumulate_backward`, book eq. ``eq-train-accum``): the same update with a
+    ``1/accumulate`` of the activations in memory. ``autocast`` says where the forward pass runs under
+    ``torch.autocast`` in bfloat16 (:func:`autocast_context`): ``"auto"`` on CUDA only (the default),
+    ``"bfloat16"`` on any device, the CPU included, ``None`` never.
+    """
 
     max_steps: int = 1000
     lr: float = 1e-3
@@ -57,6 +77,21 @@ class TrainConfig:
     eval_interval: int = 250
     time_budget_s: float | None = None
     seed: int = 0
+    accumulate: int = 1
+    autocast: str | None = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int):
+            raise ValueError(
+                f"accumulate must be a whole number of micro-batches, got {self.accumulate!r}"
+            )
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate must be >= 1 (1: no accumulation), got {self.accumulate}")
+        if self.autocast not in AUTOCAST:
+            raise ValueError(
+                f"autocast must be one of {AUTOCAST} (bfloat16 on CUDA only, on any device, "
+                f"never), got {self.autocast!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -225,6 +260,89 @@ def share_weight(n_share: int, n_total: int, world_size: int) -> float:
     return world_size * n_share / n_total
 
 
+def _scored_total(n: list[int], ranks: tuple[int, int] | None, device) -> int:
+    """The positions scored by the whole (global) batch, checking that every micro-batch scores one;
+    under DDP every rank learns every count, so all of them reach the same verdict."""
+    counts = [n]
+    if ranks is not None:
+        mine = torch.tensor([float(c) for c in n], device=device)
+        every = [torch.zeros_like(mine) for _ in range(ranks[1])]
+        dist.all_gather(every, mine)
+        counts = [[int(c) for c in t.tolist()] for t in every]
+    if min(min(c) for c in counts) <= 0:
+        raise ValueError(
+            f"scored positions per micro-batch {counts} (per rank): every micro-batch must score at "
+            "least one position; use fewer micro-batches (accumulate), fewer ranks or a larger batch"
+        )
+    return sum(sum(c) for c in counts)
+
+
+def accumulate_backward(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, tuple[Tensor, ...]], Tensor],
+    batch: tuple[Tensor, ...],
+    n_micro: int = 1,
+    scored: Callable[[tuple[Tensor, ...]], int | Tensor] | None = None,
+    ranks: tuple[int, int] | None = None,
+    cast: contextlib.AbstractContextManager | None = None,
+) -> Tensor:
+    r"""Backpropagate the mean loss of ``batch`` in ``n_micro`` micro-batches, whose gradients add up in
+    ``.grad``; return the batch's mean loss (detached). Only one micro-batch's activations are in
+    memory at a time.
+
+    .. math:: \nabla_\theta \mathcal{L} = \sum_{i=1}^{n_\text{micro}} \frac{|\mathcal{P}_i|}{|\mathcal{P}|}
+              \nabla_\theta \mathcal{L}_i
+
+    Micro-batch ``i``, the ``i``-th contiguous ``1/n_micro`` of the batch (:func:`shard`), scores
+    ``scored(micro_batch)`` positions :math:`\mathcal{P}_i` (without ``scored``, all count as equal:
+    right for full windows) with mean loss :math:`\mathcal{L}_i` = ``loss_fn`` (its forward pass in
+    ``cast``). Under DDP (``ranks``) all ranks' micro-batches are weighted together (eq.
+    ``eq-train-ddp``) and the gradients are averaged once, after the last one.
+
+    Implements: eq-train-accum
+
+    Raises:
+        ValueError: the batch does not split into ``n_micro`` micro-batches, or one scores no position.
+    """
+    B = next(t.shape[0] for t in batch if isinstance(t, Tensor) and t.dim() > 0)
+    if B % n_micro:
+        raise ValueError(
+            f"a batch of {B} does not split into {n_micro} equal micro-batches; choose accumulate among "
+            f"the divisors of the batch size {[d for d in range(1, B + 1) if B % d == 0]}"
+        )
+    micro = [shard(batch, i, n_micro) for i in range(n_micro)] if n_micro > 1 else [batch]
+    n = [1] * n_micro if scored is None else [int(scored(mb)) for mb in micro]  # |P_i|
+    world = 1 if ranks is None else ranks[1]
+    n_total = _scored_total(n, ranks, next(model.parameters()).device)  # |P|, every rank's
+    logged = None
+    for i, mb in enumerate(micro):
+        last = i == n_micro - 1  # DDP averages the gradients over the ranks only after the last one
+        quiet = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else None
+        with quiet or contextlib.nullcontext():
+            with cast or contextlib.nullcontext():
+                loss = loss_fn(model, mb)  # L_i: mean over P_i, eq. (eq-train-ce)
+            w = share_weight(n[i], n_total, world)  # |P_i|/|P|, x n_ranks under DDP (eq-train-ddp)
+            (loss if w == 1.0 else loss * w).backward()  # adds to .grad
+        part = loss.detach().to(torch.promote_types(loss.dtype, torch.float32), copy=True)
+        part *= n[i] / n_total
+        logged = part if logged is None else logged + part
+    if ranks is not None:
+        dist.all_reduce(logged)  # the sum over the ranks: the global batch's mean loss
+    return logged
+
+
+def autocast_context(cfg: TrainConfig, device: torch.device) -> torch.autocast:
+    """``torch.autocast`` to bfloat16 on ``device`` where ``cfg.autocast`` asks for it: ``"auto"``
+    on CUDA only, ``"bfloat16"`` on any device, ``None`` nowhere (a context that does nothing).
+
+    Inside it PyTorch runs the matrix products (``nn.Linear``, ``matmul``, attention) in bfloat16 and
+    keeps the operations that need the range or precision of float32 (LayerNorm, softmax and the loss
+    on CUDA; the lists differ by device, book sec. *Mixed precision*) in float32; the weights, their
+    gradients and the optimiser's state stay float32."""
+    enabled = cfg.autocast == "bfloat16" or (cfg.autocast == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
 def _distributed() -> tuple[int, int] | None:
     """``(rank, world_size)`` when ``torch.distributed`` is initialised, else ``None``."""
     if dist.is_available() and dist.is_initialized():
@@ -232,21 +350,10 @@ def _distributed() -> tuple[int, int] | None:
     return None
 
 
-def _global_mean(loss: Tensor, n_share: int, world_size: int) -> tuple[Tensor, Tensor]:
-    """Under DDP: (the rank's loss weighted by :func:`share_weight`, the global batch's mean loss)."""
-    count = torch.tensor([float(n_share)], device=loss.device)
-    counts = [torch.zeros_like(count) for _ in range(world_size)]
-    dist.all_gather(counts, count)  # every rank learns every share's number of scored positions
-    n = [int(c.item()) for c in counts]
-    if min(n) <= 0:  # the same verdict on every rank, so none waits for the others
-        raise ValueError(
-            f"scored positions per rank {n}: every share of the global batch must score at least "
-            "one position; use a larger global batch"
-        )
-    logged = loss.detach().to(torch.promote_types(loss.dtype, torch.float32), copy=True)
-    logged *= n_share / sum(n)
-    dist.all_reduce(logged)  # sum over r of L_r |P_r| / |P|: the mean over the global batch
-    return loss * share_weight(n_share, sum(n), world_size), logged
+def _flush_norms(hist: History, norms: list[Tensor]) -> None:
+    """Move the gradient norms kept as tensors into the history (one host synchronisation)."""
+    hist.grad_norm += torch.stack(norms).tolist() if norms else []
+    norms.clear()
 
 
 def _diverged(step: int, lr: float, loss: Tensor, hist: History) -> FloatingPointError:
@@ -277,25 +384,38 @@ def train(
     progress: bool = True,
     *,
     scored: Callable[[tuple[Tensor, ...]], int | Tensor] | None = None,
+    checkpoint_path: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    resume_from: str | os.PathLike | None = None,
+    run_config: dict | None = None,
 ) -> History:
     """Train ``model`` in place with AdamW, the learning rate of :func:`lr_at` and clipping by the
     global norm; return its :class:`History`.
 
     ``next_batch(generator)`` draws a batch on the model's device from the seeded generator;
-    ``loss_fn(model, batch)`` returns the mean loss over the batch's scored positions;
-    ``evaluate(model)``, called in eval mode without gradients every ``cfg.eval_interval`` steps and
-    at the end, returns named figures such as ``{"val_loss": 1.62}`` (``History.evals``).
+    ``loss_fn(model, batch)`` returns the mean loss over the batch's scored positions, and
+    ``scored(batch)`` (optional in one process) their number; ``evaluate(model)``, called in eval mode
+    without gradients every ``cfg.eval_interval`` steps and at the end, returns named figures such as
+    ``{"val_loss": 1.62}`` (``History.evals``). With ``cfg.accumulate > 1`` every batch is
+    backpropagated in micro-batches (:func:`accumulate_backward`); ``cfg.autocast`` chooses where the
+    forward pass runs in bfloat16 (:func:`autocast_context`).
+
+    With ``checkpoint_path`` the run is saved there (:mod:`.checkpoint`) every ``checkpoint_every``
+    steps and when it ends, the time budget included; ``resume_from`` continues a saved run exactly as
+    if it had not stopped, and refuses a checkpoint whose settings (``cfg``, except the time budget,
+    and ``run_config``, e.g. the recipe as a dict) differ from this run's.
 
     Under ``torch.distributed`` the model is wrapped in ``DistributedDataParallel`` (unless it
     already is), every rank draws the same global batch and trains on its :func:`shard`, and
-    ``scored(batch)``, the number of positions a share scores, weights each rank's loss by
-    :func:`share_weight` so that the averaged gradient is the global batch's (book eq.
-    ``eq-train-ddp``); the logged loss is the global batch's mean. A progress bar shows on rank 0.
+    ``scored`` weights each rank's loss by :func:`share_weight` so that the averaged gradient is the
+    global batch's (book eq. ``eq-train-ddp``); the logged loss is the global batch's mean. A
+    progress bar shows on rank 0, which alone writes the checkpoints.
 
     Raises:
         FloatingPointError: the loss became NaN or infinite; its ``history`` holds the run so far.
-        ValueError: under ``torch.distributed``, no ``scored``, a share without a scored position,
-            or a global batch that does not split evenly.
+        ValueError: under ``torch.distributed``, no ``scored``; a share or micro-batch without a
+            scored position, or a batch that does not split evenly; a checkpoint that is not one, or
+            of another run or model shape.
     """
     ranks = _distributed()  # (rank, world size), or None in a single process
     if ranks is not None and scored is None:
@@ -311,10 +431,14 @@ def train(
         )
     gen = torch.Generator().manual_seed(cfg.seed)  # the batches: the same on every rank
     opt = make_optimizer(module, cfg)  # AdamW, eq. (eq-train-adamw)
-    bf16 = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    hist, norms = History(), []  # gradient norms are read back in groups: no host sync per step
+    cast = autocast_context(cfg, device)  # bfloat16 on CUDA unless cfg.autocast says otherwise
+    start, hist, norms = 0, History(), []  # norms are read back in groups: no host sync per step
+    if resume_from is not None:  # weights, AdamW's moments, the step, batches and RNGs as saved
+        start, saved = resume(resume_from, model=module, optimizer=opt, generator=gen, config=cfg,
+                              run=run_config)  # fmt: skip
+        hist = History(**saved)
     show = progress and (ranks is None or ranks[0] == 0)
-    bar = tqdm(range(cfg.max_steps), desc="training", disable=not show, leave=False)
+    bar = tqdm(range(start, cfg.max_steps), desc="training", disable=not show, leave=False)
     t0 = time.perf_counter()
     for step in bar:
         lr = lr_at(step, cfg)  # eq. (eq-train-schedule)
@@ -322,17 +446,12 @@ def train(
             group["lr"] = lr
         model.train()
         batch = next_batch(gen) if ranks is None else shard(next_batch(gen), *ranks)
-        with bf16:
-            loss = loss_fn(model, batch)  # mean over the scored positions, eq. (eq-train-ce)
-        logged = loss.detach()
-        if ranks is not None:  # unequal shares weighted, eq. (eq-train-ddp)
-            loss, logged = _global_mean(loss, int(scored(batch)), ranks[1])
+        opt.zero_grad(set_to_none=True)
+        logged = accumulate_backward(model, loss_fn, batch, cfg.accumulate, scored, ranks, cast)
         if not torch.isfinite(logged):  # the same verdict on every rank, so all of them stop
             hist.seconds += time.perf_counter() - t0
-            hist.grad_norm += torch.stack(norms).tolist() if norms else []
+            _flush_norms(hist, norms)
             raise _diverged(step, lr, logged, hist)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # under DDP: gradients averaged over the ranks
         clip = cfg.grad_clip if cfg.grad_clip is not None else math.inf  # eq. (eq-train-clip)
         norms.append(nn.utils.clip_grad_norm_(module.parameters(), clip).detach())
         opt.step()
@@ -342,19 +461,27 @@ def train(
         hist.steps_done = step + 1
         out_of_time = _out_of_time(cfg, hist.seconds + time.perf_counter() - t0, ranks, device)
         last = step == cfg.max_steps - 1 or out_of_time
-        if evaluate is not None and ((step + 1) % cfg.eval_interval == 0 or last):
-            hist.seconds += time.perf_counter() - t0  # evaluation time is not training time
-            hist.grad_norm += torch.stack(norms).tolist()
-            norms.clear()
+        evaluating = evaluate is not None and ((step + 1) % cfg.eval_interval == 0 or last)
+        saving = checkpoint_path is not None and (
+            last or (checkpoint_every is not None and (step + 1) % checkpoint_every == 0)
+        )
+        if evaluating or saving:
+            hist.seconds += time.perf_counter() - t0  # evaluating and saving are not training
+            _flush_norms(hist, norms)
+        if evaluating:
             hist.eval_step.append(step + 1)
             with eval_mode(module):
                 figures = evaluate(module)
             for name, value in figures.items():
                 hist.evals.setdefault(name, []).append(float(value))
             bar.set_postfix(loss=hist.train_loss[-1], **{k: float(v) for k, v in figures.items()})
+        if saving and (ranks is None or ranks[0] == 0):  # after evaluating: its RNG use included
+            save_checkpoint(checkpoint_path, model=module, optimizer=opt, step=step + 1,
+                            generator=gen, history=hist, config=cfg, run=run_config)  # fmt: skip
+        if evaluating or saving:
             t0 = time.perf_counter()
         if out_of_time:
             break
     hist.seconds += time.perf_counter() - t0
-    hist.grad_norm += torch.stack(norms).tolist() if norms else []
+    _flush_norms(hist, norms)
     return hist

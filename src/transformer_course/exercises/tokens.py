@@ -1,5 +1,5 @@
-"""Exercises of the *Data as tokens* lab: characters to ids, one-hot embeddings, a BPE merge and
-image patches.
+"""Exercises of the *Data as tokens* lab: characters to ids, one-hot embeddings, a BPE merge, special
+tokens and image patches.
 
 Each solution is written out in plain torch (no call into :mod:`transformer_course.tokens`), so that
 ``tc.exercises.solution(name)`` shows the learner the whole idea; the tests check that the package's
@@ -8,6 +8,7 @@ functions agree with these solutions.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -300,3 +301,102 @@ def count_tokens(H: int, W: int, P: int, C: int) -> Tensor:
     N = (H // P) * (W // P)  # whole patches only: a grid of H//P rows and W//P columns
     d = C * P * P  # one number per channel and pixel of a patch
     return torch.tensor([N, d])
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. Special tokens
+# --------------------------------------------------------------------------------------------------
+
+# Three special tokens; "<|end|>" is a prefix of "<|end|>\n" (an end of turn that takes its newline).
+_SPECIAL_IDS = {"<|endoftext|>": 400, "<|end|>": 401, "<|end|>\n": 402}
+
+
+@functools.lru_cache(maxsize=1)
+def _small_bpe():
+    """A small BPE tokenizer of the package, learned from the exercise lines (no special tokens)."""
+    from ..tokens import BPETokenizer  # the exercise's input; the solution never calls into it
+
+    return BPETokenizer.train(" ".join(_LINES), vocab_size=300)
+
+
+def _special_inputs(gen: torch.Generator, trial: int):
+    specials = list(_SPECIAL_IDS)
+    parts = []
+    for k in range(4 + trial):
+        line = _LINES[int(torch.randint(0, len(_LINES), (1,), generator=gen))]
+        cut = int(torch.randint(10, len(line), (1,), generator=gen))
+        parts.append(line[:cut])
+        parts.append(specials[(k + trial) % 3])  # every special token, the prefix pair among them
+    parts.insert(2, "<|end")  # only the start of a special token: ordinary text
+    return "".join(parts), dict(_SPECIAL_IDS), _small_bpe().encode
+
+
+def _encode_whole(text, special_ids, encode):
+    return torch.tensor(encode(text), dtype=torch.long)
+
+
+def _encode_shortest_first(text, special_ids, encode):
+    specials = sorted(special_ids, key=len)  # the shortest first: "<|end|>" before "<|end|>\n"
+    ids, start, i = [], 0, 0
+    while i < len(text):
+        match = next((s for s in specials if text.startswith(s, i)), None)
+        if match is None:
+            i += 1
+            continue
+        ids += [*encode(text[start:i]), special_ids[match]]
+        i = start = i + len(match)
+    return torch.tensor(ids + encode(text[start:]), dtype=torch.long)
+
+
+def _encode_first_occurrence(text, special_ids, encode):
+    ids, rest = [], text
+    for special in sorted(special_ids, key=len, reverse=True):
+        before, found, rest_after = rest.partition(special)  # only the first occurrence
+        if found:
+            ids += [*encode(before), special_ids[special]]
+            rest = rest_after
+    return torch.tensor(ids + encode(rest), dtype=torch.long)
+
+
+@exercise(
+    name="tokens.encode_with_special",
+    prompt=(
+        "Encode `text` with special tokens: `special_ids` maps each special token (a string such as "
+        "'<|endoftext|>') to its id, and `encode(s)` returns the ordinary ids of a string without "
+        "special tokens. Scan `text` from the left; where a special token starts, the longest one "
+        "that matches there wins; it becomes its one id, and the text between special tokens goes "
+        "through `encode`. Return the ids as a 1-D torch.long tensor."
+    ),
+    make_inputs=_special_inputs,
+    mistakes=[
+        Mistake(
+            "the special tokens went through the ordinary encoder, so they were split into pieces "
+            "and merged into their neighbours; find them first and give each its one id.",
+            _encode_whole,
+        ),
+        Mistake(
+            "where two special tokens start at the same place, take the longest: you matched "
+            "'<|end|>' inside '<|end|>\\n' and left its newline as ordinary text (try the special "
+            "tokens longest first).",
+            _encode_shortest_first,
+        ),
+        Mistake(
+            "only the first occurrence of each special token became its id (str.partition or "
+            "str.find once); every occurrence is a special token.",
+            _encode_first_occurrence,
+        ),
+    ],
+)
+def encode_with_special(text, special_ids, encode):
+    specials = sorted(special_ids, key=len, reverse=True)  # the longest first
+    ids, start, i = [], 0, 0
+    while i < len(text):
+        match = next((s for s in specials if text.startswith(s, i)), None)
+        if match is None:
+            i += 1  # ordinary text: look at the next position
+            continue
+        ids += encode(text[start:i])  # the ordinary text before the special token
+        ids.append(special_ids[match])  # the special token: one id
+        i = start = i + len(match)
+    ids += encode(text[start:])  # the ordinary text after the last special token
+    return torch.tensor(ids, dtype=torch.long)

@@ -1,6 +1,6 @@
 """Exercises of the *Training* lab: a stable cross-entropy, AdamW, the warm-up and cosine schedule,
-clipping by the global norm, and the training step (in the spirit of Stanford CS336's first
-assignment).
+clipping by the global norm, the training step (in the spirit of Stanford CS336's first assignment),
+resuming a run from a checkpoint, and gradient accumulation.
 
 Chapter: *Training* (Kingma & Ba 2015; Loshchilov & Hutter 2019; Pascanu et al. 2013). Every input is
 float64 so the checkers can be strict. Some inputs hold logits of size 1000, where a log-sum-exp that
@@ -10,6 +10,7 @@ entry, infinities included (:class:`_OverflowAware`), so the learner reads *why*
 
 from __future__ import annotations
 
+import io
 import math
 from typing import Any
 
@@ -395,3 +396,208 @@ def train_steps(W0: Tensor, X: Tensor, y: Tensor, steps: int, lr: float, max_nor
         torch.nn.utils.clip_grad_norm_([W], max_norm)  # after backward, before the step
         opt.step()
     return W.detach()
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. Save and resume a run (the loop's checkpoints, tc.checkpoint)
+
+
+def toy_start(
+    W0: Tensor, lr: float, seed: int
+) -> tuple[Tensor, torch.optim.AdamW, torch.Generator]:
+    """The start of a process that trains the toy classifier: the process's random number generator
+    seeded with ``seed``, the weights ``W`` (a leaf copy of ``W0``), ONE AdamW, and the generator
+    that draws the batches (seeded with ``seed`` too)."""
+    torch.manual_seed(seed)
+    W = W0.clone().requires_grad_(True)
+    opt = torch.optim.AdamW([W], lr=lr, betas=(0.9, 0.99), weight_decay=0.1)
+    return W, opt, torch.Generator().manual_seed(seed)
+
+
+def toy_step(W: Tensor, opt: torch.optim.Optimizer, gen: torch.Generator, X: Tensor, y: Tensor,
+             p: float) -> None:  # fmt: skip
+    """One training step of the toy classifier: a random half of the rows drawn with ``gen``,
+    dropout with probability ``p`` on their inputs (the mask drawn from the process's random number
+    generator, as ``nn.Dropout`` does), the mean cross-entropy of ``X @ W``, one AdamW update."""
+    rows = torch.randint(0, X.shape[0], (X.shape[0] // 2,), generator=gen)  # the batch
+    opt.zero_grad()
+    F.cross_entropy(F.dropout(X[rows], p) @ W, y[rows]).backward()
+    opt.step()
+
+
+def _resume_inputs(gen: torch.Generator, trial: int) -> tuple:
+    D, K, B, first, total = ((4, 3, 12, 3, 7), (5, 4, 16, 5, 9), (6, 5, 10, 2, 6))[trial % 3]
+    X = randn(gen, B, D)
+    return (
+        0.5 * randn(gen, D, K),
+        X,
+        torch.randint(0, K, (B,), generator=gen),
+        first,
+        total,
+        0.05,
+        0.3,
+    )
+
+
+def _toy_resumed(W0, X, y, first, total, lr, p, *, rng=True, optimizer=True, batches=True,
+                 recount=False):  # fmt: skip
+    W, opt, gen = toy_start(W0, lr, seed=0)
+    for _ in range(first):
+        toy_step(W, opt, gen, X, y, p)
+    saved = {"W": W.detach().clone(), "opt": opt.state_dict(), "gen": gen.get_state(),
+             "rng": torch.get_rng_state()}  # fmt: skip
+    blob = io.BytesIO()
+    torch.save(saved, blob)
+    W, opt, gen = toy_start(W0, lr, seed=1)  # the process died; a new one starts
+    saved = torch.load(io.BytesIO(blob.getvalue()))
+    with torch.no_grad():
+        W.copy_(saved["W"])
+    if optimizer:
+        opt.load_state_dict(saved["opt"])
+    if batches:
+        gen.set_state(saved["gen"])
+    if rng:
+        torch.set_rng_state(saved["rng"])
+    for _ in range(total if recount else total - first):
+        toy_step(W, opt, gen, X, y, p)
+    return W.detach()
+
+
+class _ForkedRNG(Exercise):
+    """An :class:`Exercise` whose answers reseed the process's random number generator: the checker
+    runs them inside a forked state, so the lab's own random numbers do not move."""
+
+    def check(self, answer: Any):
+        with torch.random.fork_rng(devices=[]):
+            return super().check(answer)
+
+
+def resume(W0: Tensor, X: Tensor, y: Tensor, first: int, total: int, lr: float, p: float) -> Tensor:
+    W, opt, gen = toy_start(W0, lr, seed=0)
+    for _ in range(first):
+        toy_step(W, opt, gen, X, y, p)
+    checkpoint = io.BytesIO()  # a file on disk in a real run (tc.checkpoint writes it atomically)
+    torch.save({"W": W.detach().clone(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                "rng": torch.get_rng_state()}, checkpoint)  # fmt: skip
+    W, opt, gen = toy_start(W0, lr, seed=1)  # the process died; a new one starts from scratch
+    saved = torch.load(io.BytesIO(checkpoint.getvalue()))
+    with torch.no_grad():
+        W.copy_(saved["W"])  # the weights
+    opt.load_state_dict(saved["opt"])  # AdamW's moments and step count
+    gen.set_state(saved["gen"])  # the batches still to come
+    torch.set_rng_state(saved["rng"])  # the dropout masks still to come
+    for _ in range(total - first):  # only the remaining steps
+        toy_step(W, opt, gen, X, y, p)
+    return W.detach()
+
+
+_RESUME = _ForkedRNG(
+    name="training.resume",
+    prompt=(
+        "Train the toy classifier, let the process die, and resume it so that it ends exactly as a run "
+        "that never stopped. Use tc.exercises.training.toy_start and toy_step: W, opt, gen = "
+        "toy_start(W0, lr, seed=0); run `first` toy_step(W, opt, gen, X, y, p); save a checkpoint "
+        "with torch.save into an io.BytesIO; then the restart: W, opt, gen = toy_start(W0, lr, "
+        "seed=1) (a new process, other seeds); load the checkpoint, put everything back, and run the "
+        "remaining steps up to `total`. Return W.detach(), shape (D, K). The checker compares it with "
+        "the run of `total` steps that never stopped, bit for bit."
+    ),
+    solution=resume,
+    make_inputs=_resume_inputs,
+    mistakes=[
+        Mistake(
+            "resuming without the RNG state: after the restart the dropout masks came from the new "
+            "process's seed, not from where the old run had got to. Save torch.get_rng_state() and "
+            "restore it with torch.set_rng_state().",
+            lambda *a: _toy_resumed(*a, rng=False),
+        ),
+        Mistake(
+            "resuming without the optimizer state: a fresh AdamW starts its moments at zero and its "
+            "bias correction at step 1, so the first updates after the restart are too large. Save "
+            "opt.state_dict() and restore it with opt.load_state_dict().",
+            lambda *a: _toy_resumed(*a, optimizer=False),
+        ),
+        Mistake(
+            "resuming without the batch generator's state: after the restart the batches started "
+            "again from the first ones. Save gen.get_state() and restore it with gen.set_state().",
+            lambda *a: _toy_resumed(*a, batches=False),
+        ),
+        Mistake(
+            "after resuming you ran `total` steps again instead of the remaining total - first: the "
+            "step count is part of the state too.",
+            lambda *a: _toy_resumed(*a, recount=True),
+        ),
+    ],
+    atol=0.0,
+    rtol=0.0,
+)
+
+
+_REGISTRY[_RESUME.name] = _RESUME
+
+
+# ---------------------------------------------------------------------------------------------------
+# 7. Gradient accumulation (book eq. eq-train-accum)
+
+
+def _accumulate_inputs(gen: torch.Generator, trial: int) -> tuple:
+    B, D, K, k, padded = ((8, 3, 4, 2, ()), (12, 4, 3, 3, (2, 3, 6)), (8, 5, 4, 4, (0, 5)))[
+        trial % 3
+    ]
+    X = randn(gen, B, D)
+    y = torch.randint(0, K, (B,), generator=gen)
+    y[list(padded)] = -100  # padding: not scored (never a whole micro-batch)
+    return 0.5 * randn(gen, D, K), X, y, k
+
+
+def _accumulated(W0, X, y, k, *, weight="share", zero_between=False):
+    W = W0.clone().requires_grad_(True)
+    n = int((y != -100).sum())
+    for Xi, yi in zip(X.chunk(k), y.chunk(k), strict=True):
+        if zero_between:
+            W.grad = None
+        loss = F.cross_entropy(Xi @ W, yi, ignore_index=-100)
+        w = {"share": int((yi != -100).sum()) / n, "k": 1 / k, "none": 1.0}[weight]
+        (w * loss).backward()
+    return W.grad
+
+
+@exercise(
+    name="training.accumulate",
+    prompt=(
+        "A softmax classifier with weights W0 (D, K), a batch X (B, D) and targets y (B,) in which "
+        "padded rows have y = -100 (not scored). Compute the gradient of the whole batch's mean loss "
+        "F.cross_entropy(X @ W, y, ignore_index=-100) with respect to W by gradient accumulation: "
+        "split the batch into k micro-batches of B // k consecutive rows, and for each call backward() "
+        "on its mean loss times its weight, so that the gradients that add up in W.grad are the "
+        "whole batch's. Each micro-batch weighs its share of the scored rows, n_i / n. Return W.grad, "
+        "shape (D, K)."
+    ),
+    make_inputs=_accumulate_inputs,
+    mistakes=[
+        Mistake(
+            "accumulating without dividing by the number of micro-batches: backward() adds the k "
+            "micro-batches' mean gradients, k times the batch's mean. Weight each micro-batch's loss "
+            "by its share of the scored rows, n_i / n (1 / k when every micro-batch scores as many).",
+            lambda *a: _accumulated(*a, weight="none"),
+        ),
+        Mistake(
+            "you divided every micro-batch by k: right only when every micro-batch scores as many "
+            "rows. With padding, weight micro-batch i by n_i / n, its share of the scored rows.",
+            lambda *a: _accumulated(*a, weight="k"),
+        ),
+        Mistake(
+            "the gradient was reset between micro-batches, so only the last one's is left: zero it "
+            "once, before the first micro-batch, and let backward() add up the rest.",
+            lambda *a: _accumulated(*a, zero_between=True),
+        ),
+    ],
+)
+def accumulate(W0: Tensor, X: Tensor, y: Tensor, k: int) -> Tensor:
+    W = W0.clone().requires_grad_(True)
+    n = int((y != -100).sum())  # |P|: the scored rows of the whole batch
+    for X_i, y_i in zip(X.chunk(k), y.chunk(k), strict=True):  # k micro-batches of B // k rows
+        n_i = int((y_i != -100).sum())  # |P_i|
+        loss_i = F.cross_entropy(X_i @ W, y_i, ignore_index=-100)  # mean over P_i
+        (n_i / n * loss_i).backward()  # adds to W.grad, eq. (eq-train-accum)
+    return W.grad
