@@ -393,29 +393,21 @@ def train(
     global norm; return its :class:`History`.
 
     ``next_batch(generator)`` draws a batch on the model's device from the seeded generator;
-    ``loss_fn(model, batch)`` returns the mean loss over the batch's scored positions, and
-    ``scored(batch)`` (optional in one process) their number; ``evaluate(model)``, called in eval mode
-    without gradients every ``cfg.eval_interval`` steps and at the end, returns named figures such as
-    ``{"val_loss": 1.62}`` (``History.evals``). With ``cfg.accumulate > 1`` every batch is
-    backpropagated in micro-batches (:func:`accumulate_backward`); ``cfg.autocast`` chooses where the
-    forward pass runs in bfloat16 (:func:`autocast_context`).
+    ``loss_fn(model, batch)`` returns the mean loss over the batch's scored positions, ``scored(batch)``
+    their number; ``evaluate(model)`` (eval mode, no gradients, every ``cfg.eval_interval`` steps and
+    at the end) returns named figures such as ``{"val_loss": 1.62}``. ``cfg.accumulate`` splits each
+    batch into micro-batches (:func:`accumulate_backward`), ``cfg.autocast`` picks bfloat16.
+    ``checkpoint_path`` saves the run every ``checkpoint_every`` steps and at its end;
+    ``resume_from`` continues a saved run exactly, refusing other settings (``cfg``, ``run_config``).
 
-    With ``checkpoint_path`` the run is saved there (:mod:`.checkpoint`) every ``checkpoint_every``
-    steps and when it ends, the time budget included; ``resume_from`` continues a saved run exactly as
-    if it had not stopped, and refuses a checkpoint whose settings (``cfg``, except the time budget,
-    and ``run_config``, e.g. the recipe as a dict) differ from this run's.
-
-    Under ``torch.distributed`` the model is wrapped in ``DistributedDataParallel`` (unless it
-    already is), every rank draws the same global batch and trains on its :func:`shard`, and
-    ``scored`` weights each rank's loss by :func:`share_weight` so that the averaged gradient is the
-    global batch's (book eq. ``eq-train-ddp``); the logged loss is the global batch's mean. A
-    progress bar shows on rank 0, which alone writes the checkpoints.
+    Under ``torch.distributed`` the model is wrapped in ``DistributedDataParallel``, every rank trains
+    on its :func:`shard` of the same global batch, weighted by :func:`share_weight` (book eq.
+    ``eq-train-ddp``); rank 0 shows the progress bar and writes the checkpoints.
 
     Raises:
         FloatingPointError: the loss became NaN or infinite; its ``history`` holds the run so far.
-        ValueError: under ``torch.distributed``, no ``scored``; a share or micro-batch without a
-            scored position, or a batch that does not split evenly; a checkpoint that is not one, or
-            of another run or model shape.
+        ValueError: no ``scored`` under ``torch.distributed``; a share or micro-batch without a scored
+            position; a checkpoint of another run or model shape, or no checkpoint at all.
     """
     ranks = _distributed()  # (rank, world size), or None in a single process
     if ranks is not None and scored is None:
