@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .block import PreNormBlock, TransformerStack
+from .checkpoint import atomic_save
 from .data import get_batch, tinyshakespeare_text, train_val_split
 from .position import LearnedPositionalEmbedding
 from .runtime import eval_mode
@@ -236,8 +237,9 @@ class GPT(nn.Module):
         return logits, loss
 
     def save(self, path: str | pathlib.Path, **extra) -> None:
-        """Save config, weights and any ``extra`` (e.g. the tokenizer's characters) to ``path``."""
-        torch.save(
+        """Save config, weights and any ``extra`` (e.g. the tokenizer's characters) to ``path``,
+        atomically (:func:`.checkpoint.atomic_save`: a failed save leaves the old file)."""
+        atomic_save(
             {"config": dataclasses.asdict(self.config), "state_dict": self.state_dict(), **extra},
             path,
         )
