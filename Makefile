@@ -35,8 +35,8 @@ $(STAMP): requirements.txt pyproject.toml constraints.txt | check-python
 
 venv: $(STAMP)  ## create .venv with everything the book and the tests need
 
-book: $(STAMP)  ## build the website into _build/html (strict: warnings are errors)
-	$(BIN)/jupyter-book build . -W -n --keep-going
+book: $(STAMP)  ## build the website into _build/html (strict: warnings are errors; pages run side by side)
+	$(BIN)/python scripts/build_book.py
 	@echo "The website is at: $(abspath _build/html/index.html)"
 
 browser:  ## Debian's chromium for the site tests: installed only when missing and running as root
@@ -46,13 +46,15 @@ browser:  ## Debian's chromium for the site tests: installed only when missing a
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "note: no chromium found; the site tests will be skipped (sudo apt-get install chromium)"; fi
 
+# The tests run on every core (scripts/run_tests.py): the strict book build (pages executed side by side)
+# beside the package tests, then the labs under nbval, and the site tests once the book is built. Each
+# job's output is in _build/test-logs/; one line per job is printed, and the log of any that failed.
 test: $(STAMP) browser  ## lint, package tests, strict book build, site checks, labs under nbval
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python scripts/sync_labs.py --check
 	$(BIN)/actionlint
-	$(BIN)/python -m pytest tests
-	$(BIN)/python -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider notebooks
+	$(BIN)/python scripts/run_tests.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -23,7 +23,14 @@ def gen() -> torch.Generator:
 
 @pytest.fixture(scope="session")
 def _book_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, str]:
-    """Build the real book once per session, strictly, into a temporary folder."""
+    """Build the real book once per session, strictly, into a temporary folder; or, when
+    ``$COURSE_BOOK_BUILD`` names the ``--path-output`` folder of a build already made (``make test``
+    builds the book beside the package tests), read that build and its log (``build.log`` there)."""
+    given = os.environ.get("COURSE_BOOK_BUILD")
+    if given:
+        out = pathlib.Path(given)
+        log = out / "build.log"
+        return out / "_build" / "html", log.read_text() if log.exists() else f"no log at {log}"
     out = tmp_path_factory.mktemp("book")
     done = subprocess.run(
         [JUPYTER_BOOK, "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(out)],

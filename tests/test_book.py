@@ -203,3 +203,40 @@ def test_code_shows_equation_numbers_not_labels(html: pathlib.Path):
     assert not raw, f"raw equation labels in code: {raw}"
     self_attention = (html / "book" / "self_attention.html").read_text()
     assert re.search(r"✓ \(3\.\d+\) ", self_attention), "no verdict line with a (3.n) number"
+
+
+def test_every_interactive_figure_has_alt_text_and_a_browser_test(html: pathlib.Path):
+    """The figures the pages display (tc.interactive) are the ones tests/test_site.py moves, at least
+    seven, each with a static image whose alt text says what it shows."""
+    from test_site import FIGURES
+
+    found = {}
+    for page in sorted((html / "book").glob("*.html")):
+        text = page.read_text()
+        names = re.findall(r'<figure class="tc-fig" id="tc-fig-([a-z0-9-]+)" data-tc-figure>', text)
+        alts = re.findall(
+            r'<img class="tc-fig-static" src="data:image/png;base64,[^"]+" alt="([^"]+)"', text
+        )
+        assert len(alts) == len(names), (
+            f"{page.name}: a figure without its static image or alt text"
+        )
+        assert all(len(alt) > 40 for alt in alts), alts
+        if names:
+            found[f"book/{page.stem}"] = sorted(names)
+    assert found == {doc: sorted(names) for doc, names in FIGURES.items()}
+    assert sum(map(len, found.values())) >= 7
+    assert (html / "_static" / "course-figures.js").exists()
+
+
+def test_every_figure_of_a_chapter_says_what_it_shows(html: pathlib.Path):
+    """Every image of a chapter page has alt text in words (tc.plots.describe, or an interactive
+    figure's sentence), never its file name."""
+    bare = []
+    for page in sorted((html / "book").glob("*.html")):
+        for tag in re.findall(r"<img\b[^>]*>", page.read_text()):
+            alt = re.search(r'alt="([^"]*)"', tag)
+            src = re.search(r'src="([^"]*)"', tag)
+            bad = alt is None or not alt.group(1).strip() or alt.group(1).endswith(".png")
+            if bad or (src and alt.group(1) == src.group(1)):
+                bare.append(f"{page.name}: {tag[:120]}")
+    assert bare == [], bare[:5]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from transformer_course import plots
 from transformer_course.plots import attention_heatmap
 
 
@@ -77,3 +78,30 @@ def test_diagram_draws_tensors_to_their_shape_and_connects_box_edges():
     with pytest.raises(KeyError, match="no node named 'Y'"):
         d.arrow("Q", "Y")
     plt.close(fig)
+
+
+def test_describe_reads_what_a_figure_shows_and_every_png_carries_it():
+    """The alt text of the book's figures: titles, what is plotted against what, the curves' names,
+    heat maps; written into the PNG's Description field whenever matplotlib draws one."""
+    import io
+
+    from PIL import Image
+
+    fig, axes = plt.subplots(1, 2)
+    axes[0].loglog([1, 2, 4], [1, 2, 4], label=r"Var$(q^\top k/\sqrt{d_k})$")
+    axes[0].set(xlabel="$d_k$", ylabel="variance", title="Variance of a dot product")
+    axes[0].legend()
+    axes[1].imshow(torch.eye(3).numpy())
+    axes[1].set_title("weights")
+    fig.suptitle("Two panels")
+    text = plots.describe(fig)
+    assert text.startswith("Two panels. Variance of a dot product: variance against d_k (from ")
+    assert "showing Var(qᵀ k/√d_k)" in text and "weights: a 3 by 3 heat map." in text
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    buffer.seek(0)
+    assert Image.open(buffer).text["Description"] == text
+    empty = plt.figure()
+    assert plots.describe(empty) == "A figure."
+    plt.close(empty)

@@ -84,7 +84,7 @@ def _open(browser, site, **context_options):
     page.on(
         "console",
         lambda msg: (
-            page.errors.append(f"console {msg.type}: {msg.text}")
+            page.errors.append(f"console {msg.type}: {msg.text} ({msg.location.get('url')})")
             if msg.type in ("error", "warning") and "[PST]" not in msg.text
             else None
         ),
@@ -183,56 +183,115 @@ def _visit(page, url: str) -> dict:
 
 @pytest.mark.parametrize("doc", PAGES)
 def test_every_page_reads_offline_in_light_and_dark_mode_and_on_a_phone(browser, site, doc):
-    """First visit, later visit and dark mode at 1280 px, then a 390 px phone: no console error, every
-    image and script from the site, math rendered with no raw LaTeX left in the prose, copy buttons on
-    code, nothing wider than the screen. Screenshots go to $COURSE_SCREENSHOTS (CI uploads them)."""
+    """One visit (MathJax renders a page once): at 1280 px in light mode, no console error, every image
+    and script from the site, math rendered with no raw LaTeX left in the prose, copy buttons on code,
+    a chapter's core path within its budget; then in dark mode, the figures on their light background;
+    axe-core's WCAG 2.1 A/AA rules find no serious or critical violation in either mode; then at the
+    width of a 390 px phone, nothing wider than the screen. (That the system's dark preference selects
+    dark mode is tested once, below.) Screenshots go to $COURSE_SCREENSHOTS (CI uploads them)."""
     import re
 
     url = f"{site}/{doc}.html"
     name = doc.replace("/", "-")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     context, page = _open(browser, site, viewport={"width": 1280, "height": 900})
-    first = _visit(page, url)  # a first visit: nothing in localStorage yet
-    later = _visit(page, url)  # a later visit: the theme mode is stored
+    light = _visit(page, url)  # a first visit: nothing in localStorage yet
     page.screenshot(path=str(SCREENSHOTS / f"{name}-1280.png"), full_page=False)
-    errors, blocked = page.errors, page.blocked
-    context.close()
-    assert errors == [], errors
-    assert blocked == [], blocked
-    for result in (first, later):
-        assert all(image["ok"] for image in result["images"]), result["images"]
-        assert result["mathErrors"] == 0
-        raw = re.findall(r"\\[a-zA-Z]+\{|\$\$|\\\(|\\\[", result["text"])
-        assert raw == [], f"raw LaTeX in the text of {doc}: {raw[:5]}"
-        assert result["copyButtons"] >= result["codeBlocks"] > 0 or result["codeBlocks"] == 0
-
-    context, page = _open(
-        browser, site, viewport={"width": 1280, "height": 900}, color_scheme="dark"
-    )
-    dark = _visit(page, url)
-    theme = page.evaluate("() => document.documentElement.dataset.theme")
+    core = page.evaluate(_CORE_PATH)
+    light_a11y = _axe(page)
+    page.evaluate("() => { document.documentElement.dataset.theme = 'dark'; }")
+    page.wait_for_timeout(50)
     backgrounds = page.evaluate(
         """() => [...document.querySelectorAll('.cell_output img')]
                  .map(i => getComputedStyle(i).backgroundColor)"""
     )
     page.screenshot(path=str(SCREENSHOTS / f"{name}-1280-dark.png"), full_page=False)
-    errors = page.errors
+    dark_a11y = _axe(page)
+    page.evaluate("() => { document.documentElement.dataset.theme = 'light'; }")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_timeout(150)  # the theme's layout for narrow screens
+    overflow = page.evaluate(  # what the reader must scroll sideways (scroll bars excluded)
+        "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    page.screenshot(path=str(SCREENSHOTS / f"{name}-390.png"), full_page=False)
+    errors, blocked = page.errors, page.blocked
     context.close()
-    assert theme == "dark" and errors == [], errors
-    light = [
+    assert errors == [], errors
+    assert blocked == [], blocked
+    assert all(image["ok"] for image in light["images"]), light["images"]
+    assert light["mathErrors"] == 0
+    raw = re.findall(r"\\[a-zA-Z]+\{|\$\$|\\\(|\\\[", light["text"])
+    assert raw == [], f"raw LaTeX in the text of {doc}: {raw[:5]}"
+    assert light["copyButtons"] >= light["codeBlocks"] > 0 or light["codeBlocks"] == 0
+    _check_core_path(doc, core)
+    light_bg = [
         tuple(int(c) for c in b[b.index("(") + 1 : b.index(")")].split(",")[:3])
         for b in backgrounds
     ]
-    assert all(min(rgb) >= 180 for rgb in light), backgrounds  # figures keep a light background
-    assert dark["mathErrors"] == 0
+    assert all(min(rgb) >= 180 for rgb in light_bg), backgrounds  # figures keep a light background
+    assert light_a11y == [], f"{doc}, light mode: " + "\n".join(light_a11y)
+    assert dark_a11y == [], f"{doc}, dark mode: " + "\n".join(dark_a11y)
+    assert overflow <= 1, f"{doc} is {overflow} px wider than a 390 px screen"
 
-    context, page = _open(browser, site, viewport={"width": 390, "height": 844}, is_mobile=True)
-    phone = _visit(page, url)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}-390.png"), full_page=False)
+
+def test_the_systems_dark_mode_selects_the_dark_theme_and_a_later_visit_reads(browser, site):
+    """With the system in dark mode the theme (mode "auto") is dark; a later visit, with the mode stored,
+    reads with no console error; the math renders in both."""
+    context, page = _open(
+        browser, site, viewport={"width": 1280, "height": 900}, color_scheme="dark"
+    )
+    first = _visit(page, f"{site}/book/notation.html")
+    theme = page.evaluate("() => document.documentElement.dataset.theme")
+    stored = page.evaluate("() => localStorage.getItem('mode') || localStorage.getItem('theme')")
+    later = _visit(page, f"{site}/book/self_attention.html")  # the mode is now in localStorage
     errors = page.errors
     context.close()
-    assert errors == [], errors
-    assert phone["overflow"] <= 1, f"{doc} is {phone['overflow']} px wider than a 390 px screen"
+    assert theme == "dark" and stored is not None and errors == [], (theme, stored, errors)
+    assert first["mathErrors"] == later["mathErrors"] == 0
+
+
+_AXE_RUN = """async () => {
+    const result = await axe.run(document, {
+        runOnly: {type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]},
+        resultTypes: ["violations"],
+        preload: false,  // axe would fetch the style sheets' @imports itself, from the wrong folder
+    });
+    return result.violations
+        .filter(v => v.impact === "serious" || v.impact === "critical")
+        .map(v => `${v.impact} ${v.id} (${v.help}), ${v.nodes.length} elements, e.g. `
+                  + v.nodes.slice(0, 3).map(n => n.target.join(" ")).join(" | "));
+}"""
+
+
+def _axe(page) -> list[str]:
+    """axe-core's serious and critical WCAG 2.1 A/AA violations on the page as it is now (the script
+    comes from the axe-playwright-python package: nothing is downloaded)."""
+    import axe_playwright_python
+
+    page.add_script_tag(
+        path=str(pathlib.Path(axe_playwright_python.__file__).with_name("axe.min.js"))
+    )
+    return page.evaluate(_AXE_RUN)
+
+
+def test_the_accessibility_check_finds_what_it_looks_for(page, site):
+    """The axe run above is not vacuous: a low-contrast paragraph and an image without alt text,
+    added to a page, are reported."""
+    page.goto(f"{site}/book/notation.html", wait_until="load")
+    assert _axe(page) == []
+    page.evaluate(
+        """() => {
+        const p = document.createElement("p");
+        p.textContent = "faint text";
+        p.style.color = "#bbbbbb";
+        p.style.background = "#ffffff";
+        const img = document.createElement("img");
+        img.src = "../_static/logo.svg";
+        document.querySelector("main").prepend(p, img);
+    }"""
+    )
+    found = " ".join(_axe(page))
+    assert "color-contrast" in found and "image-alt" in found, found
 
 
 def test_favicon_logo_footer_and_edit_links(page, site):
@@ -286,20 +345,190 @@ _CORE_PATH = """() => {
 CORE_PATH_MINUTES = 25  # prose words / 200 + visible code lines / 20
 
 
-@pytest.mark.parametrize("doc", [p for p in PAGES if p.startswith("book/")])
-def test_each_chapters_core_path_reads_in_25_minutes(page, site, doc):
-    """Measured on the rendered page with every fold closed, so the budget cannot silently grow back.
-    The reference pages (exercises, sources, performance, equations, citing, bibliography) and the
-    landing page are exempt."""
+def _check_core_path(doc: str, seen: dict) -> None:
+    """A chapter's core path, measured on the rendered page with every fold closed, reads in 25
+    minutes, so the budget cannot silently grow back. The reference pages (exercises, sources,
+    performance, equations, citing, bibliography), the landing page and the labs are exempt."""
     import pages as source_pages
 
     if doc not in source_pages.CHAPTERS:
-        pytest.skip("a reference page: no reading budget")
-    page.goto(f"{site}/{doc}.html", wait_until="load")
-    seen = page.evaluate(_CORE_PATH)
+        return
     minutes = seen["words"] / 200 + seen["code"] / 20
     assert seen["deeper"], f"{doc} has no 'Going deeper' section"
     assert minutes <= CORE_PATH_MINUTES, (
         f"{doc}: the core path reads in {minutes:.1f} min ({seen['words']} words, {seen['code']} "
         f"code lines with every fold closed) > {CORE_PATH_MINUTES}"
     )
+
+
+# Every interactive figure of the site, by page (tests/test_book.py checks that none is missing here).
+FIGURES = {
+    "book/self_attention": ["attention-scale"],
+    "book/language_models": ["sampling", "attention-heads"],
+    "book/extensions": ["position-similarity", "kv-cache"],
+    "book/training": ["schedule-adamw", "scaling-fits"],
+}
+
+_FIGURE_STATE = """figure => ({
+    live: figure.classList.contains("tc-fig--live"),
+    drawing: [...figure.querySelectorAll(".tc-fig-panels svg")].map(s => s.outerHTML).join(""),
+    panels: figure.querySelectorAll(".tc-fig-panels svg[role='img'][aria-label]").length,
+    summary: figure.querySelector(".tc-fig-summary").textContent,
+    live_region: figure.querySelector(".tc-fig-summary").getAttribute("aria-live"),
+    alt: figure.querySelector("img.tc-fig-static").alt,
+    controls: [...figure.querySelectorAll("[data-control]")].map(c => ({
+        id: c.id, tag: c.tagName, at: Number(c.value),
+        last: c.tagName === "SELECT" ? c.options.length - 1 : Number(c.max),
+        label: document.querySelector(`label[for='${c.id}']`)?.textContent || "",
+    })),
+})"""
+
+
+@pytest.mark.parametrize(
+    ("doc", "name"), [(doc, name) for doc, names in FIGURES.items() for name in names]
+)
+def test_each_interactive_figure_draws_and_moves_with_the_keyboard(page, site, doc, name):
+    """The figure replaces its static image (which keeps alt text), draws its panels with no console
+    error, and every control, reached with Tab and moved with an arrow key, changes what is drawn and
+    the sentence read out to screen readers."""
+    page.goto(f"{site}/{doc}.html", wait_until="load")
+    figure = page.locator(f"#tc-fig-{name}")
+    figure.scroll_into_view_if_needed()
+    state = figure.evaluate(_FIGURE_STATE)
+    assert state["live"] and state["panels"] >= 1 and state["live_region"] == "polite"
+    assert len(state["alt"]) > 40 and state["summary"], state
+    assert page.locator(f"#tc-fig-{name} img.tc-fig-static").is_hidden()
+    for control in state["controls"]:
+        assert control["label"], f"{name}: control {control['id']} has no label"
+        before = figure.evaluate(_FIGURE_STATE)
+        page.focus(f"#{control['id']}")
+        page.keyboard.press(
+            "Shift+Tab"
+        )  # reach the control from the one before it, as a reader does
+        page.keyboard.press("Tab")
+        assert page.evaluate("() => document.activeElement.id") == control["id"]
+        page.keyboard.press("ArrowLeft" if control["at"] == control["last"] else "ArrowRight")
+        after = figure.evaluate(_FIGURE_STATE)
+        moved = next(c for c in after["controls"] if c["id"] == control["id"])
+        assert moved["at"] != control["at"], f"{name}: the key did not move {control['id']}"
+        assert after["drawing"] != before["drawing"], (
+            f"{name}: {control['id']} changed nothing drawn"
+        )
+        assert after["summary"] != before["summary"], f"{name}: {control['id']} left the sentence"
+    assert page.errors == [] and _needed(page.blocked) == [], page.errors
+
+
+def test_the_kv_cache_calculator_agrees_with_the_package_and_the_measured_caches(page, site):
+    """The calculator computes in the browser; at 30 random settings it gives the package's
+    kv_cache_bytes, and at its opening setting it names the cache measured on the page."""
+    import json
+    import random
+
+    import torch
+
+    from transformer_course import extensions
+
+    page.goto(f"{site}/book/extensions.html", wait_until="load")
+    figure = page.locator("#tc-fig-kv-cache")
+    spec = json.loads(figure.locator("script.tc-fig-data").text_content())
+    assert "measured 32,768 bytes" in figure.locator(".tc-fig-summary").text_content()
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    rng = random.Random(0)
+    for _ in range(30):
+        chosen = {c["name"]: rng.randrange(len(c["values"])) for c in spec["controls"]}
+        figure.evaluate(
+            """(figure, chosen) => { for (const [name, i] of Object.entries(chosen)) {
+                const input = figure.querySelector(`[data-control='${name}']`);
+                input.value = String(i); input.dispatchEvent(new Event("input")); } }""",
+            chosen,
+        )
+        v = {c["name"]: c["values"][chosen[c["name"]]] for c in spec["controls"]}
+        expected = extensions.kv_cache_bytes(
+            v["layers"], v["batch"], min(v["kv_heads"], v["heads"]), v["context"], v["d_head"],
+            dtypes[v["dtype"]],
+        )  # fmt: skip
+        assert int(figure.get_attribute("data-value")) == expected, v
+        assert f"{expected:,} bytes" in figure.locator(".tc-fig-summary").text_content()
+    assert page.errors == [], page.errors
+
+
+class _NotFoundHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves the site under a prefix, and its 404 page (status 404) for any missing path, as GitHub
+    Pages does."""
+
+    prefix = "/"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def send_head(self):
+        if not self.path.startswith(self.prefix):
+            return self._not_found()
+        self.path = "/" + self.path[len(self.prefix) :]
+        local = pathlib.Path(self.translate_path(self.path))
+        if not local.exists():
+            return self._not_found()
+        return super().send_head()
+
+    def _not_found(self):
+        body = (pathlib.Path(self.directory) / "404.html").read_bytes()
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        import io
+
+        return io.BytesIO(body)
+
+
+@pytest.mark.parametrize("prefix", ["/transformer-course/", "/", "/a/mirror/"])
+def test_the_404_page_is_styled_from_any_prefix(browser, built_book, prefix):
+    """At a missing URL under the published prefix (at any depth), at the root and under another
+    prefix, the 404 page loads its styles, scripts and logo with no console error and links home."""
+    handler = functools.partial(_NotFoundHandler, directory=str(built_book))
+    handler.func.prefix = prefix
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        # any depth under the published prefix; elsewhere the root is found from the course's own
+        # folders (book/, notebooks/, _static/) or the top level (a deeper unknown path cannot say
+        # where the site starts)
+        deep = ["a/b/c/"] if prefix == "/transformer-course/" else []
+        for missing in ["no-such-page.html", "book/no-such-page.html", "notebooks/x/y.html", *deep]:
+            context, page = _open(browser, origin)
+            target = f"{origin}{prefix}{missing}"
+            response = page.goto(target, wait_until="load")
+            assert response.status == 404
+            styled = page.evaluate(
+                """() => ({
+                    sheets: [...document.styleSheets].filter(s => s.href && s.cssRules.length).length,
+                    links: document.querySelectorAll("link[rel=stylesheet]").length,
+                    scripts: typeof DOCUMENTATION_OPTIONS === "object" && typeof Search === "object",
+                    logo: [...document.images].filter(i => i.classList.contains("logo__image"))
+                          .every(i => i.complete && i.naturalWidth > 0),
+                    home: document.querySelector("a.navbar-brand")?.href,
+                })"""
+            )
+            errors = [
+                e for e in page.errors if not ("status of 404" in e and e.endswith(f"({target})"))
+            ]
+            context.close()
+            assert styled["sheets"] == styled["links"] >= 5, (prefix, missing, styled)
+            assert styled["logo"] and styled["scripts"], (prefix, missing, styled)
+            assert styled["home"].startswith(f"{origin}{prefix}"), styled["home"]
+            assert errors == [], (prefix, missing, errors)
+    finally:
+        server.shutdown()
+
+
+def test_the_404_page_opens_from_a_folder(browser, built_book):
+    context, page = _open(browser, "file://")
+    page.goto((built_book / "404.html").as_uri(), wait_until="load")
+    sheets = page.evaluate("() => [...document.styleSheets].filter(s => s.href).length")
+    logo = page.evaluate(
+        "() => [...document.images].filter(i => i.classList.contains('logo__image'))"
+        ".every(i => i.complete && i.naturalWidth > 0)"
+    )
+    context.close()
+    assert sheets >= 5 and logo

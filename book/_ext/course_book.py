@@ -9,6 +9,21 @@
 * Live code through thebe needs a remote Jupyter server and a script from a CDN, and sphinx-thebe 0.3
   declares its configuration twice per page (a JavaScript error). The course runs code in Colab or
   locally instead, so thebe's scripts are dropped and the site stays self-contained.
+* **A 404 page that works from any prefix.** sphinx-notfound-page writes the 404 page's links from the
+  absolute prefix the site is published under (``notfound_urls_prefix``), because a server shows that
+  page at any missing URL, at any depth; a copy of the site served from another prefix (a local folder,
+  a mirror) would lose its styles and logo. After the build (``relocatable_404``) the links become
+  relative to the site's root, and the page is written by a first script that finds the root and
+  writes a ``<base>`` for it: the folder of ``404.html`` itself, the part of the path before ``book/``,
+  ``notebooks/`` or ``_static/``, the configured prefix when the path starts with it, and otherwise the
+  path's own folder (a missing page deeper than the top level of an unknown prefix cannot be placed).
+* **Interactive figures.** ``_static/course-figures.js`` and ``.css`` draw the figures of
+  :mod:`transformer_course.interactive` (the site's own files: no library, no network); Jupyter Book
+  adds every script and style sheet of ``_static/`` to each page.
+* **Accessibility.** A cell's figure gets as alt text the description that ``tc.plots`` wrote into the
+  PNG (what the figure shows, read from its titles, axes and curves) instead of its file name
+  (``_alt_text_from_figures``); citation entries are list items (``_citation_list_roles``); colour and
+  reflow fixes to the theme are in ``_static/course-a11y.css``.
 * The theme logs "Got invalid theme mode" on a first visit when no default mode is configured; the
   extension sets ``html_context["default_mode"] = "auto"``.
 * The labs' Open-in-Colab badge is an image on colab.research.google.com (right in Colab and on
@@ -25,6 +40,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import shutil
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
@@ -99,6 +116,44 @@ def _retarget_launch_buttons(app: Sphinx, pagename: str, templatename, context, 
     ]
 
 
+def png_description(path: Path) -> str | None:
+    """The ``Description`` text field of a PNG file (``tc.plots`` writes one into every figure)."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return image.text.get("Description") if hasattr(image, "text") else None
+    except (OSError, ValueError):
+        return None
+
+
+def _alt_text_from_figures(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """A cell's figure gets its description (see ``tc.plots.describe``) as alt text, in place of the
+    file name that myst-nb would use."""
+    for image in doctree.findall(nodes.image):
+        uri = image.get("uri", "")
+        if not uri.endswith(".png") or image.get("alt") not in (None, "", uri):
+            continue
+        for candidate in (
+            Path(uri),
+            Path(app.srcdir) / uri,
+            Path(app.srcdir) / docname / ".." / uri,
+        ):
+            if candidate.is_file():
+                text = png_description(candidate)
+                if text:
+                    image["alt"] = text
+                break
+
+
+def _citation_list_roles(app: Sphinx, pagename: str, templatename, context, doctree) -> None:
+    """Sphinx marks a list of citations ``role="list"`` and each entry ``role="doc-biblioentry"``, a
+    role that ARIA 1.2 deprecates and that a list may not hold (axe-core: aria-required-children); the
+    entries become list items."""
+    if "body" in context and 'class="citation-list"' in context["body"]:
+        context["body"] = context["body"].replace('role="doc-biblioentry"', 'role="listitem"')
+
+
 def _drop_thebe(app: Sphinx, pagename: str, templatename, context, doctree) -> None:
     def is_thebe(script) -> bool:
         name = str(getattr(script, "filename", "") or "")
@@ -131,11 +186,22 @@ def inputs_hash(root: Path, inputs: list[str]) -> str:
         base = root / folder
         files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
         for path in files:
-            if "__pycache__" in path.parts or path.suffix == ".pyc":
-                continue
+            if path.suffix == ".pyc" or any(
+                part == "__pycache__" or part.endswith(".egg-info") for part in path.parts
+            ):
+                continue  # build products (pip rewrites src/*.egg-info when it installs)
             digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+DEFAULT_INPUTS = ["src", "bench/results"]
+
+
+def execution_cache_path(root: Path, build_dir: Path, inputs: list[str] | None = None) -> Path:
+    """The jupyter-cache of the current state of the inputs: ``build_dir/.jupyter_cache/<hash>``
+    (``build_dir`` is the ``_build`` folder; ``scripts/build_book.py`` fills the same cache)."""
+    return build_dir / ".jupyter_cache" / inputs_hash(root, list(inputs or DEFAULT_INPUTS))
 
 
 def _cache_per_inputs(app: Sphinx, config) -> None:
@@ -148,8 +214,14 @@ def _cache_per_inputs(app: Sphinx, config) -> None:
     if config.nb_execution_mode != "cache":
         return
     root = Path(app.srcdir)
-    base = Path(config.nb_execution_cache_path or Path(app.outdir).parent / ".jupyter_cache")
-    current = base / inputs_hash(root, list(config.course_execution_inputs))
+    if config.nb_execution_cache_path:
+        base = Path(config.nb_execution_cache_path)
+        current = base / inputs_hash(root, list(config.course_execution_inputs))
+    else:
+        current = execution_cache_path(
+            root, Path(app.outdir).parent, config.course_execution_inputs
+        )
+        base = current.parent
     config.nb_execution_cache_path = str(current)
     if base.is_dir():  # keep this state's cache and the most recent other one
         others = sorted(
@@ -161,11 +233,74 @@ def _cache_per_inputs(app: Sphinx, config) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+# The 404 page's one script: it finds the site's root, then writes the page (a <base> for the root, then
+# the head and the body that Sphinx rendered, with links relative to the root).
+_ROOT_SCRIPT = """var path = location.pathname, prefix = %s, root;
+var inside = path.match(/^(.*?\\/)(?:book|notebooks|_static|_images|_sources)\\//);
+if (/\\/404\\.html$/.test(path)) root = path.replace(/404\\.html$/, "");
+else if (inside) root = inside[1];
+else if (path.indexOf(prefix) === 0) root = prefix;
+else root = path.replace(/[^\\/]*$/, "");"""
+_ANCHORS = """document.addEventListener("DOMContentLoaded", function () {
+  document.querySelectorAll('a[href^="#"]').forEach(function (a) {  // in-page links stay in the page
+    a.href = location.href.split("#")[0] + a.getAttribute("href");
+  });
+});"""
+
+
+def _js_string(html: str) -> str:
+    """``html`` as a JavaScript string literal that is safe inside a <script> element."""
+    return json.dumps(html).replace("<", "\\u003c")
+
+
+def relocatable_404(html: str, prefix: str) -> str:
+    """The 404 page made to work from any folder: sphinx-notfound-page writes its links from the prefix
+    the site is published under. The links become relative to the site's root, and the page's head and
+    body are written by a script that first finds the root and writes a <base> for it, so that no
+    address is in the markup, where the browser would fetch it (relative to the missing page's folder)
+    before any script could run. Without JavaScript, a short message links to the published root."""
+    if not prefix.startswith("/") or not prefix.endswith("/"):
+        raise ValueError(f"notfound_urls_prefix must start and end with '/', got {prefix!r}")
+    html = re.sub(r'((?:src|href|action)=")' + re.escape(prefix), r"\1", html)
+    charset = re.search(r"<meta charset=[^>]*>", html)
+    head_end, body = html.index("</head>"), re.search(r"<body[^>]*>", html)
+    body_end = html.rindex("</body>")
+    head = html[charset.end() : head_end]
+    title = re.search(
+        r"<title>.*?</title>", head, flags=re.S
+    )  # stays in the markup, for every reader
+    head = head.replace(title.group(0), "") if title else head
+    content = html[body.end() : body_end]
+    root = _ROOT_SCRIPT % json.dumps(prefix)
+    return (
+        html[: charset.end()]
+        + f"<script>{root}\ndocument.write('<base href=\"' + encodeURI(decodeURI(root)) + '\">' "
+        + f"+ {_js_string(head)});\n{_ANCHORS}</script>\n"
+        + (title.group(0) if title else "<title>Page not found</title>")
+        + "</head>\n"
+        + body.group(0)
+        + f"<script>document.write({_js_string(content)});</script>\n"
+        + f'<noscript><main><h1>Page not found</h1><p><a href="{prefix}">The course\'s first page'
+        + "</a></p></main></noscript>\n</body>"
+        + html[body_end + len("</body>") :]
+    )
+
+
+def _relocate_404(app: Sphinx, exception) -> None:
+    page = Path(app.outdir) / "404.html"
+    prefix = getattr(app.config, "notfound_urls_prefix", None)
+    if exception is None and app.builder.format == "html" and page.exists() and prefix:
+        page.write_text(relocatable_404(page.read_text(encoding="utf-8"), prefix), encoding="utf-8")
+
+
 def setup(app: Sphinx) -> dict:
     app.add_directive("lab", LabDirective)
-    app.add_config_value("course_execution_inputs", ["src", "bench/results"], "env")
+    app.add_config_value("course_execution_inputs", DEFAULT_INPUTS, "env")
     app.connect("config-inited", _cache_per_inputs, priority=900)
     app.connect("doctree-resolved", _local_colab_badge)
+    app.connect("doctree-resolved", _alt_text_from_figures)
     app.connect("html-page-context", _retarget_launch_buttons, priority=900)
     app.connect("html-page-context", _drop_thebe, priority=900)
+    app.connect("html-page-context", _citation_list_roles)
+    app.connect("build-finished", _relocate_404)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

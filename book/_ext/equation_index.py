@@ -96,36 +96,49 @@ def _called(node: ast.AST) -> set[str]:
     return out
 
 
-def tests_using(root: Path, qualified: str) -> list[str]:
-    """Test functions that call the object ``qualified`` names: a function is called; a class is
-    constructed; a method's class is constructed and the method called (``forward`` by calling an
-    instance, which a constructed module in a test always is)."""
-    parts = qualified.split(".")
-    is_method = parts[-2][:1].isupper()
-    found = []
+def _test_calls(root: Path) -> list[tuple[str, set[str]]]:
+    """Every test function of ``root/tests`` with the names it calls (each file parsed once)."""
+    out = []
     for path in sorted((root / "tests").glob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                called = _called(node)
-                if is_method:
-                    ok = parts[-2] in called and (
-                        parts[-1] in called or parts[-1] in ("forward", "__call__", "__init__")
-                    )
-                else:
-                    ok = parts[-1] in called
-                if ok:
-                    found.append(f"{path.relative_to(root).as_posix()}::{node.name}")
+                out.append((f"{path.relative_to(root).as_posix()}::{node.name}", _called(node)))
+    return out
+
+
+def tests_using(
+    root: Path, qualified: str, calls: list[tuple[str, set[str]]] | None = None
+) -> list[str]:
+    """Test functions that call the object ``qualified`` names: a function is called; a class is
+    constructed; a method's class is constructed and the method called (``forward`` by calling an
+    instance, which a constructed module in a test always is). ``calls`` is :func:`_test_calls`'s
+    answer, when the caller already has it."""
+    parts = qualified.split(".")
+    is_method = parts[-2][:1].isupper()
+    found = []
+    for test, called in _test_calls(root) if calls is None else calls:
+        if is_method:
+            ok = parts[-2] in called and (
+                parts[-1] in called or parts[-1] in ("forward", "__call__", "__init__")
+            )
+        else:
+            ok = parts[-1] in called
+        if ok:
+            found.append(test)
     return found
 
 
 def analyse(root: Path) -> dict[str, Equation]:
     """Every labelled equation with its implementers and the tests that use them."""
     equations = book_equations(root)
+    calls = _test_calls(root)
     for label, names in implementers(root).items():
         if label in equations:
             equations[label].implementers = names
-            equations[label].tests = sorted({t for name in names for t in tests_using(root, name)})
+            equations[label].tests = sorted(
+                {t for name in names for t in tests_using(root, name, calls)}
+            )
     return equations
 
 

@@ -6,7 +6,8 @@ as tc``); nothing is copied into a page. Each chapter has one module of the same
 ``tc.language_models``, ``tc.encoder_decoder``, ``tc.vision``, ``tc.training``, ``tc.claims``,
 ``tc.relations``, ``tc.extensions``, ``tc.masked``; the long ones are subpackages with one file per
 part); ``data``, ``train``, ``checkpoint``, ``plots``,
-``runtime``, ``results``, ``project`` and ``checks`` (the book's one check helper,
+``runtime``, ``results``, ``project``, ``interactive`` (figures a reader moves; the chapters' own are
+in ``figures``) and ``checks`` (the book's one check helper,
 :func:`checks.verify`) are shared infrastructure. The exercises of the labs,
 ``tc.exercises``, are imported only when first used.
 """
@@ -23,6 +24,8 @@ from . import (
     data,
     encoder_decoder,
     extensions,
+    figures,
+    interactive,
     language_models,
     masked,
     multihead,
@@ -64,6 +67,8 @@ __all__ = [
     "encoder_decoder",
     "exercises",
     "extensions",
+    "figures",
+    "interactive",
     "language_models",
     "masked",
     "multihead",

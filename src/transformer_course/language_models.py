@@ -61,6 +61,7 @@ __all__ = [
     "generate_with_logits",
     "gpt2_init",
     "next_token",
+    "next_token_probs",
     "perplexity",
     "positions_processed",
     "replace_prefix_tokens",
@@ -293,6 +294,25 @@ def positions_processed(
     return total
 
 
+def next_token_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None = None) -> Tensor:
+    r"""The distribution that :func:`next_token` samples from: :math:`\operatorname{softmax}(z/\tau)`
+    over the ``top_k`` largest logits (all of them when ``top_k`` is ``None``), ``(B, |V|)`` in float32.
+
+    Implements: eq-lm-temperature, eq-lm-topk
+    """
+    if temperature <= 0:
+        raise ValueError(
+            f"temperature must be > 0 (use greedy=True for arg-max), got {temperature}"
+        )
+    z = logits.float() / temperature
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[..., -1:]  # (B, 1)
+        z = z.masked_fill(z < kth, float("-inf"))
+    return torch.softmax(z, dim=-1)
+
+
 def next_token(
     logits: Tensor,
     temperature: float = 1.0,
@@ -304,24 +324,14 @@ def next_token(
 
     Implements: eq-lm-temperature, eq-lm-topk
 
-    Greedy takes the arg-max. Otherwise it samples from :math:`\operatorname{softmax}(z / \tau)`, keeping
-    only the ``top_k`` largest logits when ``top_k`` is given (Holtzman et al. 2020 discuss why
-    truncation helps). Sampling draws on the CPU from ``generator``, so a seed gives the same text on
-    every device.
+    Greedy takes the arg-max. Otherwise it samples from :func:`next_token_probs`,
+    :math:`\operatorname{softmax}(z / \tau)` over the ``top_k`` largest logits when ``top_k`` is given
+    (Holtzman et al. 2020 discuss why truncation helps). Sampling draws on the CPU from ``generator``,
+    so a seed gives the same text on every device.
     """
     if greedy:
         return logits.argmax(dim=-1, keepdim=True)
-    if temperature <= 0:
-        raise ValueError(
-            f"temperature must be > 0 (use greedy=True for arg-max), got {temperature}"
-        )
-    z = logits.float() / temperature
-    if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
-        z = z.masked_fill(z < kth, float("-inf"))
-    probs = torch.softmax(z, dim=-1)
+    probs = next_token_probs(logits, temperature, top_k)
     sample = torch.multinomial(probs.cpu(), 1, generator=generator)  # CPU: one generator everywhere
     return sample.to(logits.device)
 

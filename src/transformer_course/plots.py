@@ -5,10 +5,16 @@ itself, so the numbers in a figure always come from the package's tested functio
 :func:`attention_heatmap` draws a matrix of weights, and :class:`Diagram` draws how data flows through a
 layer, with every tensor drawn to the shape the real module produced (the chapters run the module and
 pass its tensors in). Figures have a white background of their own, so they read in light and dark mode.
+
+:func:`describe` says in words what a figure shows, read from the figure itself (titles, axes, curves).
+While the package is imported, every PNG that matplotlib writes carries that description in its
+``Description`` field, and the book's extension makes it the figure's alt text.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -16,11 +22,12 @@ from typing import ClassVar
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 from torch import Tensor
 
-__all__ = ["Diagram", "attention_heatmap"]
+__all__ = ["Diagram", "attention_heatmap", "describe"]
 
 
 def attention_heatmap(
@@ -227,3 +234,75 @@ class Diagram:
         if title:
             self.ax.set_title(title, fontsize=10)
         return self.fig
+
+
+_TEX_WORDS = {"\\sqrt": "√", "\\times": "×", "\\theta": "θ", "\\eta": "η", "\\tau": "τ",
+              "\\alpha": "α", "\\|": "‖", "\\top": "ᵀ", "\\ell": "ℓ", "\\infty": "∞",
+              "\\leq": "≤", "\\geq": "≥", "\\propto": "∝"}  # fmt: skip
+
+
+def _clean(text: str) -> str:
+    """Matplotlib's mathtext written for reading: ``$\\sqrt{d_k}$`` becomes ``√d_k``."""
+    text = re.sub(r"\\(mathrm|mathbf|mathcal|text|operatorname)\{([^}]*)\}", r"\2", text)
+    for tex, plain in _TEX_WORDS.items():
+        text = text.replace(tex, plain)
+    text = text.replace("$", "").replace("{", "").replace("}", "").replace("^ᵀ", "ᵀ")
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def describe(fig: Figure) -> str:
+    """One paragraph that says what a figure shows, read from the figure itself: its title, and for each
+    panel its title, what is plotted against what (with the ranges of the axes), the names of its
+    curves and whether it holds an image (a heat map). The book uses it as the figure's alt text."""
+    parts = []
+    title = fig._suptitle.get_text() if fig._suptitle is not None else ""
+    if title:
+        parts.append(_clean(title) + ".")
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.has_data()]
+    for i, ax in enumerate(panels, start=1):
+        name = _clean(ax.get_title())
+        what = []
+        if ax.images:
+            rows, cols = ax.images[0].get_array().shape[:2]
+            what.append(f"a {rows} by {cols} heat map")
+        xlabel, ylabel = _clean(ax.get_xlabel()), _clean(ax.get_ylabel())
+        if ax.lines or ax.collections or ax.patches:
+            if xlabel and ylabel:
+                lo, hi = ax.get_xlim()
+                what.append(f"{ylabel} against {xlabel} (from {lo:.3g} to {hi:.3g})")
+            elif ylabel or xlabel:
+                what.append(ylabel or xlabel)
+        legend = ax.get_legend()
+        if legend is not None:
+            names = [_clean(t.get_text()) for t in legend.get_texts() if t.get_text()]
+            if names:
+                what.append("showing " + "; ".join(names))
+        text = ", ".join(what)
+        if text and not name and len(panels) > 1:
+            name = f"Panel {i}"
+        if name or text:
+            parts.append(f"{name}: {text}." if name and text else f"{name or text}.")
+    return " ".join(parts) or "A figure."
+
+
+def _describing_print_png(print_png):
+    """Wrap matplotlib's PNG writer so that a PNG without a ``Description`` gets :func:`describe`'s."""
+
+    @functools.wraps(print_png)
+    def wrapper(self, *args, metadata=None, **kwargs):
+        metadata = dict(metadata or {})
+        if "Description" not in metadata:
+            try:
+                metadata["Description"] = describe(self.figure)
+            except Exception:  # a description must never stop a figure from being drawn
+                pass
+        return print_png(self, *args, metadata=metadata, **kwargs)
+
+    wrapper.describes = True
+    return wrapper
+
+
+if not getattr(FigureCanvasAgg.print_png, "describes", False):
+    # Every PNG matplotlib writes while the package is imported (a page's figures, a lab's) carries a
+    # description of the figure in its Description field; the book's extension makes it the alt text.
+    FigureCanvasAgg.print_png = _describing_print_png(FigureCanvasAgg.print_png)

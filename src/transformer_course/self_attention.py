@@ -30,10 +30,12 @@ __all__ = [
     "attention_weights",
     "causal_mask",
     "key_padding_mask",
+    "saturation",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_reference",
     "single_head",
     "single_head_reference",
+    "softmax_jacobian",
 ]
 
 
@@ -166,6 +168,49 @@ def attention_weights(
     S = S.masked_fill(~mask, float("-inf"))
     S = torch.where(can_attend, S, torch.zeros_like(S))  # keep softmax finite on empty rows
     return torch.softmax(S, dim=-1) * can_attend
+
+
+def softmax_jacobian(a: Tensor) -> Tensor:
+    r"""The derivative of the softmax's output ``a`` ``(..., M)`` with respect to its scores,
+    :math:`\mathcal{J} = \operatorname{diag}(\mathbf{a}) - \mathbf{a}\mathbf{a}^\top`, ``(..., M, M)``.
+
+    Implements: eq-sa-softmax-jacobian
+    """
+    return torch.diag_embed(a) - a[..., :, None] * a[..., None, :]
+
+
+def saturation(
+    d_ks: list[int], M: int = 16, draws: int = 400, seed: int = 1, scaled: bool = True
+) -> dict[str, Tensor]:
+    """How peaked the weights of one query over ``M`` random keys are, for each key width in ``d_ks``
+    (entries of queries and keys standard normal; ``draws`` queries per width, seeded).
+
+    Returns ``{"sorted": (len(d_ks), M) the mean weights from the largest down, "max": the mean largest
+    weight, "entropy": the mean entropy (nats), "jacobian": the mean Frobenius norm of
+    :func:`softmax_jacobian`}`` (each ``(len(d_ks),)``), with the scale ``1/sqrt(d_k)`` when ``scaled``
+    and without it otherwise.
+    """
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for d in d_ks:
+        q = torch.randn(draws, 1, d, generator=g)  # (draws, 1, d_k): one query per draw
+        k = torch.randn(draws, M, d, generator=g)  # (draws, M, d_k)
+        a = attention_weights(q, k, scale=None if scaled else 1.0)[:, 0]  # (draws, M)
+        entropy = -(a * torch.log(a.clamp_min(1e-30))).sum(dim=1)
+        rows.append(
+            (
+                a.sort(dim=1, descending=True).values.mean(dim=0),
+                entropy.mean(),
+                torch.linalg.matrix_norm(softmax_jacobian(a)).mean(),
+            )
+        )
+    ordered = torch.stack([r[0] for r in rows])
+    return {
+        "sorted": ordered,
+        "max": ordered[:, 0],
+        "entropy": torch.stack([r[1] for r in rows]),
+        "jacobian": torch.stack([r[2] for r in rows]),
+    }
 
 
 def scaled_dot_product_attention_reference(
