@@ -77,15 +77,15 @@ def execute_pages(path_output: pathlib.Path, jobs: int, timeout: int = 600) -> i
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     inputs = config.get("sphinx", {}).get("config", {}).get("course_execution_inputs")
     cache = get_cache(str(execution_cache_path(ROOT, path_output / "_build", inputs)))
-    todo = []
+    todo, every = [], pages()
     order = {name: i for i, name in enumerate(SLOW_FIRST)}
-    for path in sorted(pages(), key=lambda p: (order.get(p.stem, len(order)), p.name)):
+    for path in sorted(every, key=lambda p: (order.get(p.stem, len(order)), p.name)):
         reader, nb = _read(path)
         try:
             cache.match_cache_notebook(nb)
         except KeyError:
             todo.append((path, reader, nb))
-    print(f"executing {len(todo)} pages, {jobs} at a time ({len(pages()) - len(todo)} cached)")
+    print(f"executing {len(todo)} pages, {jobs} at a time ({len(every) - len(todo)} cached)")
     failed, start = 0, time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
         futures = {

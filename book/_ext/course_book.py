@@ -134,16 +134,10 @@ def _alt_text_from_figures(app: Sphinx, doctree: nodes.document, docname: str) -
         uri = image.get("uri", "")
         if not uri.endswith(".png") or image.get("alt") not in (None, "", uri):
             continue
-        for candidate in (
-            Path(uri),
-            Path(app.srcdir) / uri,
-            Path(app.srcdir) / docname / ".." / uri,
-        ):
-            if candidate.is_file():
-                text = png_description(candidate)
-                if text:
-                    image["alt"] = text
-                break
+        path = Path(app.srcdir) / uri  # Sphinx has made the uri relative to the source folder
+        text = png_description(path) if path.is_file() else None
+        if text:
+            image["alt"] = text
 
 
 def _citation_list_roles(app: Sphinx, pagename: str, templatename, context, doctree) -> None:
