@@ -25,6 +25,14 @@ BUDGET_S = float(os.environ.get("LAB_BUDGET_S", "75"))
 _cpu: dict[str, float] = {}  # the kernel's CPU seconds at its latest cell
 _wall: dict[str, float] = collections.defaultdict(float)  # the summed durations of the cells
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# The labs that compute longest (the kernel CPU times above), collected first: on several workers
+# (``--dist loadfile``) a long lab started last would leave the other cores idle at the end.
+SLOW_FIRST = ["14_masked", "07_language_models", "09_vision", "10_training", "08_encoder_decoder"]
+
+
+def pytest_collection_modifyitems(items) -> None:
+    order = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: order.get(pathlib.Path(str(item.fspath)).stem, len(order)))
 
 
 def _kernel_cpu_seconds(item) -> float | None:

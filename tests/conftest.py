@@ -28,7 +28,7 @@ def _book_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path,
     builds the book beside the package tests), read that build and its log (``build.log`` there)."""
     given = os.environ.get("COURSE_BOOK_BUILD")
     if given:
-        out = pathlib.Path(given)
+        out = pathlib.Path(given).resolve()  # relative to where pytest was started
         log = out / "build.log"
         return out / "_build" / "html", log.read_text() if log.exists() else f"no log at {log}"
     out = tmp_path_factory.mktemp("book")

@@ -20,28 +20,65 @@ from transformer_course.vision import ABLATIONS
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def run_bench(script: str, *args: str) -> tuple[dict, str]:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])  # the last line is one JSON object
+def run_bench(script: str, *args: str, subprocess_: bool = False) -> tuple[dict, str]:
+    """Run ``bench/<script>`` with ``args`` as ``python bench/<script>`` would, in this process (the
+    interpreter and torch are already started: most of a short run's time otherwise), or in a new
+    Python with ``subprocess_=True``; check its last line, and return it parsed with what it printed."""
+    if subprocess_:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / script), *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        printed = done.stdout
+    else:
+        printed = _run_in_process(ROOT / "bench" / script, args)
+    result = json.loads(printed.strip().splitlines()[-1])  # the last line is one JSON object
     for key in ("targets", "machine", "commit", "date", "device", "load_average_1_5_15min"):
         assert key in result, f"{script}: no {key!r} in {result}"
     for key, (op, _) in result["targets"].items():
         assert key in result and op in ("<=", ">=", "=="), (script, key)
-    return result, done.stdout
+    return result, printed
+
+
+def _run_in_process(path: pathlib.Path, args: tuple[str, ...]) -> str:
+    """The script as ``__main__`` with ``sys.argv`` set, its output captured; what a script may change
+    for the whole process (the argument list, the import path, torch's thread count, the working
+    folder) is put back afterwards."""
+    import contextlib
+    import io
+    import runpy
+
+    import torch
+
+    saved = (list(sys.argv), list(sys.path), torch.get_num_threads(), os.getcwd())
+    out = io.StringIO()
+    sys.argv, sys.path = [str(path), *args], [str(path.parent), *sys.path]
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as stop:
+        assert stop.code in (None, 0), (
+            f"{path.name} exited with {stop.code}:\n{out.getvalue()[-2000:]}"
+        )
+    finally:
+        sys.argv, sys.path = saved[0], saved[1]
+        torch.set_num_threads(saved[2])
+        os.chdir(saved[3])
+    return out.getvalue()
 
 
 def test_attention_bench():
+    """Also as a script, in a new Python (the other benches run in this process)."""
     r, _ = run_bench(
-        "attention.py", "--repeats", "2", "--B", "2", "--N", "16", "--D", "32", "--H", "4"
-    )
+        "attention.py", "--repeats", "2", "--B", "2", "--N", "16", "--D", "32", "--H", "4",
+        subprocess_=True,
+    )  # fmt: skip
     assert r["mhsa_vs_torch_ratio"] > 0
 
 
@@ -51,13 +88,8 @@ def test_seq2seq_bench():
 
 
 def test_the_ablations_the_makefile_runs_are_the_package_s():
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "vit_digits.py"), "--list-ablations"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert done.stdout.split() == ["none", *ABLATIONS]
+    printed = _run_in_process(ROOT / "bench" / "vit_digits.py", ("--list-ablations",))
+    assert printed.split() == ["none", *ABLATIONS]
 
 
 @pytest.mark.parametrize("ablate", ["none", *ABLATIONS])
