@@ -228,15 +228,15 @@ def test_every_interactive_figure_has_alt_text_and_a_browser_test(html: pathlib.
     assert (html / "_static" / "course-figures.js").exists()
 
 
-def test_every_figure_of_a_chapter_says_what_it_shows(html: pathlib.Path):
-    """Every image of a chapter page has alt text in words (tc.plots.describe, or an interactive
-    figure's sentence), never its file name."""
+def test_every_figure_of_a_chapter_or_lab_says_what_it_shows(html: pathlib.Path):
+    """Every image of a chapter or lab page has alt text in words (tc.plots.describe, or an
+    interactive figure's sentence), never its file name."""
     bare = []
-    for page in sorted((html / "book").glob("*.html")):
+    for page in sorted([*(html / "book").glob("*.html"), *(html / "notebooks").glob("*.html")]):
         for tag in re.findall(r"<img\b[^>]*>", page.read_text()):
             alt = re.search(r'alt="([^"]*)"', tag)
             src = re.search(r'src="([^"]*)"', tag)
             bad = alt is None or not alt.group(1).strip() or alt.group(1).endswith(".png")
             if bad or (src and alt.group(1) == src.group(1)):
-                bare.append(f"{page.name}: {tag[:120]}")
+                bare.append(f"{page.parent.name}/{page.name}: {tag[:120]}")
     assert bare == [], bare[:5]

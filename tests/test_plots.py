@@ -105,3 +105,24 @@ def test_describe_reads_what_a_figure_shows_and_every_png_carries_it():
     empty = plt.figure()
     assert plots.describe(empty) == "A figure."
     plt.close(empty)
+
+
+def test_describe_gives_the_range_drawn_the_heat_maps_axes_and_the_bars_names():
+    """The x range is that of the data (not the axis with its margins); a heat map says what its rows
+    and columns are; bars over categories are named."""
+    fig, axes = plt.subplots(1, 4)
+    axes[0].plot([0, 1, 2, 199], [4.0, 3.0, 2.5, 2.0])
+    axes[0].set(xlabel="step", ylabel="loss")
+    axes[1].imshow(torch.eye(4).numpy())
+    axes[1].set(xlabel="predicted", ylabel="true")
+    axes[2].bar(["pre-norm", "post-norm"], [1.5, 1.7])
+    axes[2].set(ylabel="validation loss")
+    axes[3].plot([0, 1], [2.0, 2.1], "o-")
+    axes[3].set_xticks([0, 1], ["separate", "tied"])
+    axes[3].set(ylabel="val loss", yscale="log")
+    text = plots.describe(fig)
+    plt.close(fig)
+    assert "Panel 1: loss against step (from 0 to 199)." in text, text
+    assert "Panel 2: a 4 by 4 heat map (rows: true; columns: predicted)." in text, text
+    assert "Panel 3: validation loss, bars for pre-norm, post-norm." in text, text
+    assert "Panel 4: val loss, for separate, tied." in text, text

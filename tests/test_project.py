@@ -90,6 +90,28 @@ def _chapter_map() -> list[dict[str, str]]:
     return rows
 
 
+def test_every_figure_stored_in_a_lab_says_what_it_shows():
+    """A lab's stored figures carry their description (tc.plots.describe, in the PNG's Description
+    field), which the site uses as alt text: the labs were last executed with the package imported
+    (``make labs``), not saved from an older run."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    bare, seen = [], 0
+    for lab in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(lab.read_text())["cells"]):
+            for output in cell.get("outputs", []):
+                png = output.get("data", {}).get("image/png")
+                if png:
+                    seen += 1
+                    text = Image.open(io.BytesIO(base64.b64decode(png))).info.get("Description")
+                    if not text or len(text) < 15:
+                        bare.append(f"{lab.name}, cell {i}: {text!r}")
+    assert seen >= 20 and bare == [], bare
+
+
 def test_every_chapter_has_one_name_for_page_lab_exercises_tests_and_module():
     import importlib
 

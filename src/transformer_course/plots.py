@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -250,10 +251,41 @@ def _clean(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+def _categories(ax) -> list[str]:
+    """The names along the x axis when it holds categories (words given to its ticks, or strings
+    plotted), else nothing."""
+    from matplotlib.ticker import LogFormatter, ScalarFormatter
+
+    if isinstance(ax.xaxis.get_major_formatter(), ScalarFormatter | LogFormatter):
+        return []  # a numeric axis
+    names = [_clean(t.get_text()) for t in ax.get_xticklabels() if t.get_text().strip()]
+    return names if names and not any(map(_is_number, names)) else []
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace("\u2212", "-"))  # matplotlib writes a minus sign, not a hyphen
+    except ValueError:
+        return False
+    return True
+
+
+def _x_range(ax) -> tuple[float, float] | None:
+    """The smallest and largest x of what is plotted (curves, points, bars), not the axis's margins."""
+    xs = [np.asarray(line.get_xdata(), dtype=float).ravel() for line in ax.lines]
+    xs += [np.asarray(c.get_offsets(), dtype=float)[:, 0] for c in ax.collections]
+    xs += [
+        np.array([p.get_x(), p.get_x() + p.get_width()]) for p in ax.patches if hasattr(p, "get_x")
+    ]
+    finite = np.concatenate(xs)[np.isfinite(np.concatenate(xs))] if xs else np.array([])
+    return (float(finite.min()), float(finite.max())) if finite.size else None
+
+
 def describe(fig: Figure) -> str:
     """One paragraph that says what a figure shows, read from the figure itself: its title, and for each
-    panel its title, what is plotted against what (with the ranges of the axes), the names of its
-    curves and whether it holds an image (a heat map). The book uses it as the figure's alt text."""
+    panel its title, what is plotted against what (with the range of the x values drawn), the names of
+    its curves or bars, and its heat maps with what their rows and columns are. The book uses it as the
+    figure's alt text."""
     parts = []
     title = fig._suptitle.get_text() if fig._suptitle is not None else ""
     if title:
@@ -262,16 +294,23 @@ def describe(fig: Figure) -> str:
     for i, ax in enumerate(panels, start=1):
         name = _clean(ax.get_title())
         what = []
+        xlabel, ylabel = _clean(ax.get_xlabel()), _clean(ax.get_ylabel())
         if ax.images:
             rows, cols = ax.images[0].get_array().shape[:2]
-            what.append(f"a {rows} by {cols} heat map")
-        xlabel, ylabel = _clean(ax.get_xlabel()), _clean(ax.get_ylabel())
-        if ax.lines or ax.collections or ax.patches:
+            axes_named = f" (rows: {ylabel}; columns: {xlabel})" if xlabel and ylabel else ""
+            what.append(f"a {rows} by {cols} heat map{axes_named}")
+        elif ax.lines or ax.collections or ax.patches:
+            span = _x_range(ax)
             if xlabel and ylabel:
-                lo, hi = ax.get_xlim()
-                what.append(f"{ylabel} against {xlabel} (from {lo:.3g} to {hi:.3g})")
+                shown = f" (from {span[0]:.3g} to {span[1]:.3g})" if span else ""
+                what.append(f"{ylabel} against {xlabel}{shown}")
             elif ylabel or xlabel:
                 what.append(ylabel or xlabel)
+            names = _categories(ax)
+            if names:
+                what.append(
+                    ("bars for " if ax.patches and not ax.lines else "for ") + ", ".join(names)
+                )
         legend = ax.get_legend()
         if legend is not None:
             names = [_clean(t.get_text()) for t in legend.get_texts() if t.get_text()]
