@@ -12,6 +12,7 @@ from transformer_course.language_models import GPT, TINY
 from transformer_course.runtime import eval_mode
 from transformer_course.tokens import CharTokenizer
 from transformer_course.train import Recipe, TrainConfig, lr_at, shard, train
+from transformer_course.training import ddp
 
 
 def test_a_few_training_steps_reduce_the_loss():
@@ -239,8 +240,14 @@ def _run_two_ranks(tmp_path, with_scored):
     import torch.multiprocessing as mp
 
     out = tmp_path / f"rank0-{with_scored}.pt"
-    store = tmp_path / f"store-{with_scored}"
-    mp.spawn(_padded_worker, args=(2, str(store), str(out), with_scored), nprocs=2, join=True)
+    for attempt in (1, 2):  # gloo's loopback connections can drop on a loaded machine: one retry
+        store = tmp_path / f"store-{with_scored}-{attempt}"  # a new rendezvous file each time
+        try:
+            mp.spawn(_padded_worker, args=(2, str(store), str(out), with_scored), nprocs=2)
+            break
+        except mp.ProcessRaisedException as err:
+            if attempt == 2 or not ddp.is_connection_failure(str(err)):
+                raise
     return torch.load(out)
 
 

@@ -732,3 +732,15 @@ def test_update_rounded_away_agrees_with_low_precision_arithmetic(dtype):
     assert torch.equal(predicted, lost) and 0.2 < lost.double().mean() < 0.8
     with pytest.raises(ValueError, match="no binary exponent"):
         training.update_rounded_away(torch.zeros(1), torch.ones(1))
+
+
+def test_only_a_failed_connection_between_ranks_is_retried():
+    from transformer_course.training import ddp
+
+    seen = (
+        "[E1124 13:49:21 ProcessGroupGloo.cpp:67] Gloo connectFullMesh failed with [pair.cc:553] "
+        "Connection closed by peer [127.0.0.1]:24195."
+    )  # as a loaded 2-core machine printed it
+    assert ddp.is_connection_failure(seen)
+    assert not ddp.is_connection_failure("ValueError: pass scored= to weight padded targets")
+    assert not ddp.is_connection_failure(None)

@@ -105,6 +105,13 @@ def ddp_demo(steps: int = 20, batch_size: int = 16, dtype: str = "float32", seed
     }
 
 
+def is_connection_failure(message: str | None) -> bool:
+    """Whether a run failed while gloo connected its ranks to each other (``connectFullMesh``: seen on a
+    loaded machine over the loopback interface, before any computation): worth one more try, unlike an
+    error of the computation itself."""
+    return "Gloo connectFullMesh failed" in (message or "")
+
+
 def launch_ddp_demo(
     nproc: int = 2,
     steps: int = 20,
@@ -115,6 +122,8 @@ def launch_ddp_demo(
 ) -> dict:
     """Run :func:`ddp_demo` in ``nproc`` CPU processes under ``torchrun`` (gloo), one torch thread
     each, and return rank 0's result (see :func:`ddp_demo`) with the command line under ``"command"``.
+
+    A run whose ranks could not connect (:func:`is_connection_failure`) is started once more.
 
     Raises:
         RuntimeError: torchrun failed; the message ends with its error output.
@@ -128,7 +137,10 @@ def launch_ddp_demo(
             "--seed", str(seed), "--out", str(out),
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::RuntimeWarning"}
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        for _ in range(2):  # one retry when gloo's connections between the ranks drop
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+            if (done.returncode == 0 and out.exists()) or not is_connection_failure(done.stderr):
+                break
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(
                 f"torchrun exited with {done.returncode}:\n{(done.stderr or done.stdout)[-3000:]}"
