@@ -248,7 +248,7 @@ _SETTLE = """async () => {  // two frames for the page to react, then every fini
 
 def _set_theme(page, mode: str) -> None:
     """Switch the theme and wait for the colour transitions it starts (axe would catch them midway)."""
-    page.evaluate(f"() => {{ document.documentElement.dataset.theme = '{mode}'; }}")
+    page.evaluate("mode => { document.documentElement.dataset.theme = mode; }", mode)
     page.evaluate(_SETTLE)
 
 

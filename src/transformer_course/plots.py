@@ -277,7 +277,8 @@ def _x_range(ax) -> tuple[float, float] | None:
     xs += [
         np.array([p.get_x(), p.get_x() + p.get_width()]) for p in ax.patches if hasattr(p, "get_x")
     ]
-    finite = np.concatenate(xs)[np.isfinite(np.concatenate(xs))] if xs else np.array([])
+    drawn = np.concatenate(xs) if xs else np.array([])
+    finite = drawn[np.isfinite(drawn)]
     return (float(finite.min()), float(finite.max())) if finite.size else None
 
 
@@ -306,10 +307,10 @@ def describe(fig: Figure) -> str:
                 what.append(f"{ylabel} against {xlabel}{shown}")
             elif ylabel or xlabel:
                 what.append(ylabel or xlabel)
-            names = _categories(ax)
-            if names:
+            categories = _categories(ax)
+            if categories:
                 what.append(
-                    ("bars for " if ax.patches and not ax.lines else "for ") + ", ".join(names)
+                    ("bars for " if ax.patches and not ax.lines else "for ") + ", ".join(categories)
                 )
         legend = ax.get_legend()
         if legend is not None:
