@@ -26,8 +26,10 @@ _cpu: dict[str, float] = {}  # the kernel's CPU seconds at its latest cell
 _wall: dict[str, float] = collections.defaultdict(float)  # the summed durations of the cells
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # The labs that compute longest (the kernel CPU times above), collected first: on several workers
-# (``--dist loadfile``) a long lab started last would leave the other cores idle at the end.
-SLOW_FIRST = ["14_masked", "07_language_models", "09_vision", "10_training", "08_encoder_decoder"]
+# (``--dist loadfile``) a long lab started last would leave the other cores idle at the end. Labs 14
+# and 9 come after the others: in ``make test`` they reuse their chapters' runs (``reusable_run``)
+# when the book has made them, and the later they start, the likelier it has.
+SLOW_FIRST = ["07_language_models", "10_training", "08_encoder_decoder", "14_masked", "09_vision"]
 
 
 def pytest_collection_modifyitems(items) -> None:

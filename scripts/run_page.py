@@ -34,7 +34,9 @@ def main() -> int:
         return 0
     os.environ.setdefault("MPLBACKEND", "Agg")
     os.chdir(page.parent)  # pages run from book/, as in the build
-    namespace: dict = {"__name__": "__main__"}
+    from IPython.display import display  # a name every kernel has, as the pages' cells assume
+
+    namespace: dict = {"__name__": "__main__", "display": display}
     total = time.perf_counter()
     for i, cell in enumerate(code_cells(page.read_text()), start=1):
         t0 = time.perf_counter()

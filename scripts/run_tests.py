@@ -11,10 +11,16 @@ Four jobs, run side by side as their inputs allow:
   ``package``, so that at most about ``N`` processes compute at once;
 * ``site``: the built book's tests and the site in Chromium (``pytest -n N``), after ``book``.
 
+The book and the labs share a store of finished training runs (``_build/run-store``, emptied at the
+start; ``tc.runtime.reusable_run``): a run that a chapter and its lab both make with the same arguments
+(the masked model, the two ViTs of the vision lab) trains once, in whichever job gets there first. The
+package's tests never reuse a run.
+
 Each job writes its output to ``_build/test-logs/<job>.log``; this prints a line when a job starts and
-when it ends (with pytest's summary), then the log of any job that failed. Every process computes with
-one thread (``OMP_NUM_THREADS=1``, unless set): with the cores shared by several processes, more
-threads only wait for each other.
+when it ends, with its wall time, the CPU time of the processes it ran and waited for (Chromium's
+processes in the site job are not waited for, so that figure leaves them out) and pytest's summary;
+then the log of any job that failed. Every process computes with one thread (``OMP_NUM_THREADS=1``,
+unless set): with the cores shared by several processes, more threads only wait for each other.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +38,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
 LOGS = ROOT / "_build" / "test-logs"
 BOOK = ROOT / "_build" / "test-book"
+RUNS = ROOT / "_build" / "run-store"
+# tc.runtime.RUN_STORE_ENV, named here so that this script need not import torch
+RUN_STORE_ENV = "TRANSFORMER_COURSE_RUN_STORE"
 
 
 def jobs(n: int) -> dict[str, dict]:
@@ -46,6 +56,7 @@ def jobs(n: int) -> dict[str, dict]:
                 str(BOOK),
             ],
             "after": None,
+            "env": {RUN_STORE_ENV: str(RUNS)},
         },
         "package": {
             "cmd": [*py, "tests", "-m", "not book and not site", "-n", str(n)],
@@ -64,6 +75,7 @@ def jobs(n: int) -> dict[str, dict]:
                 "loadfile",
             ],
             "after": "package",
+            "env": {RUN_STORE_ENV: str(RUNS)},
         },
         "site": {
             "cmd": [*py, "tests", "-m", "book or site", "-n", str(n)],
@@ -92,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     LOGS.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop(RUN_STORE_ENV, None)  # only the book and the labs share runs, from an empty store
+    shutil.rmtree(RUNS, ignore_errors=True)
     todo, running, done = jobs(n), {}, {}
     start = time.perf_counter()
     print(f"running {', '.join(todo)} on {n} cores; logs in {LOGS.relative_to(ROOT)}/", flush=True)
@@ -114,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:>8}  started at {time.perf_counter() - start:5.0f} s", flush=True)
         time.sleep(0.5)
         for name, (proc, log, t0) in list(running.items()):
-            if proc.poll() is None:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == 0:
                 continue
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, with its CPU time
             log.close()
             del running[name]
             done[name] = proc.returncode
@@ -123,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             if name == "book":  # the site job's strict-build test reads the log beside the build
                 (BOOK / "build.log").write_text(text)
             verdict = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+            cpu = usage.ru_utime + usage.ru_stime  # the job and every process it waited for
             print(
-                f"{name:>8}  {verdict} in {time.perf_counter() - t0:.0f} s: {_summary(text)}",
+                f"{name:>8}  {verdict} in {time.perf_counter() - t0:.0f} s ({cpu:.0f} CPU-s): "
+                f"{_summary(text)}",
                 flush=True,
             )
     for name, code in done.items():

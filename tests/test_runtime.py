@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pathlib
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -100,3 +102,54 @@ def test_a_lab_falls_back_to_the_cpu_with_a_note_when_no_gpu_is_visible(tmp_path
     assert (
         refused.returncode == 1 and "were 'cpu', not 'cuda'" in refused.stdout
     )  # the GPU CI's check
+
+
+def _states() -> tuple:
+    return random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state()  # noqa: NPY002
+
+
+def test_a_reused_run_is_the_run_a_new_call_makes(monkeypatch, tmp_path):
+    """``reusable_run``: with the store set, an identical call returns the stored run instead of
+    training again, and the run and the random states after it are bit for bit those of a new run;
+    another argument, a GPU or no store trains anew."""
+    import dataclasses
+
+    from transformer_course.vision import DIGITS_RECIPE, train_digits
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    import run_tests  # make test's runner names the variable without importing the package
+
+    assert run_tests.RUN_STORE_ENV == runtime.RUN_STORE_ENV
+    monkeypatch.delenv(runtime.RUN_STORE_ENV, raising=False)
+    new = train_digits(DIGITS_RECIPE, steps=4, seed=1)  # no store: runs as written
+    after_new = _states()
+    assert not list(tmp_path.iterdir())
+
+    monkeypatch.setenv(runtime.RUN_STORE_ENV, str(tmp_path))
+    first = train_digits(DIGITS_RECIPE, steps=4, seed=1)
+    assert len(list(tmp_path.glob("train_digits-*.pt"))) == 1
+    torch.manual_seed(123)  # the global state is not what the stored run left
+    reused = train_digits(DIGITS_RECIPE, "cpu", 4, 1)  # the same call, written another way
+    assert len(list(tmp_path.glob("train_digits-*.pt"))) == 1
+    assert reused is not first  # read back from the file
+    for run in (first, reused):
+        assert dataclasses.replace(run.history, seconds=0) == dataclasses.replace(
+            new.history, seconds=0
+        )
+        assert run.history.seconds == first.history.seconds  # the time the stored run took
+        assert run.test_accuracy == new.test_accuracy
+        trained, again = run.model.state_dict(), new.model.state_dict()
+        assert trained.keys() == again.keys()
+        assert all(torch.equal(trained[k], again[k]) for k in trained)
+    after = _states()
+    assert (
+        after[0] == after_new[0]
+        and after[1] == after_new[1]
+        and torch.equal(after[2], after_new[2])
+    )
+
+    train_digits(DIGITS_RECIPE, steps=4, seed=2)  # another seed: another run
+    assert len(list(tmp_path.glob("train_digits-*.pt"))) == 2
+    if torch.cuda.is_available():  # only CPU runs are stored
+        train_digits(DIGITS_RECIPE, "cuda", steps=4, seed=1)
+        assert len(list(tmp_path.glob("train_digits-*.pt"))) == 2

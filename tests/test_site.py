@@ -23,6 +23,15 @@ from transformer_course import project
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 PAGES = [TOC["root"]] + [c["file"] for part in TOC["parts"] for c in part["chapters"]]
+# The pages whose test takes longest (8 to 15 s each on a 2-core machine, most others 3 to 7 s) are
+# tested first, so that no worker is left with a long page while the other has finished.
+SLOW_FIRST = [
+    "book/sources",
+    "book/exercises",
+    "book/extensions",
+    "book/equations",
+    "book/relations",
+]
 SCREENSHOTS = pathlib.Path(os.environ.get("COURSE_SCREENSHOTS", ROOT / "_build" / "screenshots"))
 
 pytestmark = pytest.mark.site
@@ -66,20 +75,27 @@ def browser():
         b.close()
 
 
-def _open(browser, site, **context_options):
-    """A page in a new context whose requests outside the local site are blocked and recorded, and
-    whose JavaScript errors and console errors are recorded."""
-    context = browser.new_context(**context_options)
-    page = context.new_page()
-    page.blocked, page.errors = [], []
+def _block_other_sites(context, site: str) -> None:
+    """Let the context's pages (popups included) load only from the local site; each page records
+    what it was refused in ``page.blocked``."""
 
     def route(r):
         if r.request.url.startswith(site):
             return r.continue_()
-        page.blocked.append((r.request.resource_type, r.request.url))
+        try:
+            blocked = r.request.frame.page.blocked
+        except Exception:  # a request of no page: refused all the same
+            blocked = []
+        blocked.append((r.request.resource_type, r.request.url))
         return r.abort()
 
-    page.route("**/*", route)
+    context.route("**/*", route)
+
+
+def _watch(page):
+    """``page``, recording its JavaScript errors, console errors and warnings and failed requests to
+    the local site in ``page.errors``, and its refused requests in ``page.blocked``."""
+    page.blocked, page.errors = [], []
     page.on("pageerror", lambda err: page.errors.append(f"page error: {err}"))
     page.on(
         "console",
@@ -92,18 +108,50 @@ def _open(browser, site, **context_options):
     page.on(
         "requestfailed",
         lambda r: (
-            page.errors.append(f"failed request: {r.url}") if r.url.startswith(site) else None
+            page.errors.append(f"failed request: {r.url}") if r.url.startswith(page.site) else None
         ),
     )
-    return context, page
+    return page
+
+
+def _open(browser, site, **context_options):
+    """A watched page (``_watch``) in a new context of its own that loads only from ``site``."""
+    context = browser.new_context(**context_options)
+    _block_other_sites(context, site)
+    page = context.new_page()
+    page.site = site
+    return context, _watch(page)
+
+
+DESKTOP = {"width": 1280, "height": 900}
+
+
+@pytest.fixture(scope="module")
+def reader(browser, site):
+    """One context for the visits of the site's pages, as one reader's tabs: its pages share the
+    HTTP cache and the compiled scripts (seven visits took 7.3 s, against 10.5 s in contexts of their
+    own, on a 2-core AMD EPYC). Storage is cleared before every page's own scripts run, so every visit
+    is a first visit."""
+    context = browser.new_context(viewport=DESKTOP)
+    context.add_init_script("try { localStorage.clear(); sessionStorage.clear(); } catch (e) {}")
+    _block_other_sites(context, site)
+    yield context
+    context.close()
+
+
+def _tab(reader, site):
+    """A new watched page in the reader's context."""
+    page = reader.new_page()
+    page.site = site
+    return _watch(page)
 
 
 @pytest.fixture
-def page(browser, site):
-    """A page whose requests outside the local site are blocked and recorded."""
-    context, page = _open(browser, site)
+def page(reader, site):
+    """A page that loads only from the local site, with its errors recorded (``_watch``)."""
+    page = _tab(reader, site)
     yield page
-    context.close()
+    page.close()
 
 
 def _needed(blocked: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -181,8 +229,8 @@ def _visit(page, url: str) -> dict:
     return page.evaluate(_CHECK_PAGE)
 
 
-@pytest.mark.parametrize("doc", PAGES)
-def test_every_page_reads_offline_in_light_and_dark_mode_and_on_a_phone(browser, site, doc):
+@pytest.mark.parametrize("doc", sorted(PAGES, key=lambda d: d not in SLOW_FIRST))
+def test_every_page_reads_offline_in_light_and_dark_mode_and_on_a_phone(reader, site, doc):
     """One visit (MathJax renders a page once): at 1280 px in light mode, no console error, every image
     and script from the site, math rendered with no raw LaTeX left in the prose, copy buttons on code,
     a chapter's core path within its budget; in dark mode, the figures on their light background; at
@@ -195,9 +243,8 @@ def test_every_page_reads_offline_in_light_and_dark_mode_and_on_a_phone(browser,
     url = f"{site}/{doc}.html"
     name = doc.replace("/", "-")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    desktop = {"width": 1280, "height": 900}
-    context, page = _open(browser, site, viewport=desktop)
-    light = _visit(page, url)  # a first visit: nothing in localStorage yet
+    page = _tab(reader, site)
+    light = _visit(page, url)  # a first visit: nothing in localStorage (``reader``)
     page.screenshot(path=str(SCREENSHOTS / f"{name}-1280.png"), full_page=False)
     core = page.evaluate(_CORE_PATH)
     _set_theme(page, "dark")
@@ -213,13 +260,13 @@ def test_every_page_reads_offline_in_light_and_dark_mode_and_on_a_phone(browser,
         "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
     )
     page.screenshot(path=str(SCREENSHOTS / f"{name}-390.png"), full_page=False)
-    page.set_viewport_size(desktop)
+    page.set_viewport_size(DESKTOP)
     page.evaluate(_SETTLE)  # the layout for wide screens back, its transitions over
     light_a11y = _axe(page)
     _set_theme(page, "dark")
     dark_a11y = _axe(page)
     errors, blocked = page.errors, page.blocked
-    context.close()
+    page.close()
     assert errors == [], errors
     assert blocked == [], blocked
     assert all(image["ok"] for image in light["images"]), light["images"]
@@ -246,8 +293,20 @@ _SETTLE = """async () => {  // two frames for the page to react, then every fini
 }"""
 
 
+_NO_TRANSITIONS = """() => {  // what is checked is the state after a transition, not its frames
+    if (document.getElementById("tc-test-no-transitions")) return;
+    const style = document.createElement("style");
+    style.id = "tc-test-no-transitions";
+    style.textContent = "*, *::before, *::after { transition: none !important; }";
+    document.head.append(style);
+}"""
+
+
 def _set_theme(page, mode: str) -> None:
-    """Switch the theme and wait for the colour transitions it starts (axe would catch them midway)."""
+    """Switch the theme with CSS transitions switched off (the theme fades colours and panels over
+    up to 0.4 s; axe could catch them midway, and waiting them out costs seconds a page), then let the
+    page settle."""
+    page.evaluate(_NO_TRANSITIONS)
     page.evaluate("mode => { document.documentElement.dataset.theme = mode; }", mode)
     page.evaluate(_SETTLE)
 
@@ -255,9 +314,7 @@ def _set_theme(page, mode: str) -> None:
 def test_the_systems_dark_mode_selects_the_dark_theme_and_a_later_visit_reads(browser, site):
     """With the system in dark mode the theme (mode "auto") is dark; a later visit, with the mode stored,
     reads with no console error; the math renders in both."""
-    context, page = _open(
-        browser, site, viewport={"width": 1280, "height": 900}, color_scheme="dark"
-    )
+    context, page = _open(browser, site, viewport=DESKTOP, color_scheme="dark")
     first = _visit(page, f"{site}/book/notation.html")
     theme = page.evaluate("() => document.documentElement.dataset.theme")
     stored = page.evaluate("() => localStorage.getItem('mode') || localStorage.getItem('theme')")
@@ -280,39 +337,52 @@ _AXE_RUN = """async () => {
                   + v.nodes.slice(0, 3).map(n => n.target.join(" ")).join(" | "));
 }"""
 
-# Highlighted code repeats a few styles thousands of times (16,000 token <span>s on Extensions), and
-# axe's contrast rule measures each: most of its time. A token's contrast depends only on its class,
-# its inline style and what it sits in, so one token of each (class, style, parent, block context,
-# folded or not) stands for all; the others are removed (while no axe run has yet looked at the page:
-# afterwards removing nodes is slow). Every style still meets the contrast rule on every page.
-_ONE_TOKEN_PER_STYLE = """() => {
+# Highlighted code repeats a few styles thousands of times (16,000 token <span>s on Extensions), and so
+# does rendered math (MathJax writes a dozen elements per symbol: 15,000 of the 20,000 elements of
+# Sources). axe measures each, most of its time. The contrast of a code token depends only on its class,
+# its inline style and what it sits in; a formula's on the colours it inherits or sets and what it sits
+# in. So one token of each (class, style, parent, block context, folded or not) and one formula of each
+# (inline or display, context, colours) stand for all; the other copies are removed (while no axe run
+# has yet looked at the page: afterwards removing nodes is slow). Every style is still checked on every
+# page, and the structure MathJax writes is the same for every formula.
+_ONE_OF_EACH_STYLE = """() => {
+    const context = (el, stop) => {  // the chain of tags and classes from el up to stop
+        let where = el.closest("details:not([open])") ? "folded|" : "shown|";
+        for (let e = el; e && e !== stop; e = e.parentElement) where += `${e.tagName}.${e.className}/`;
+        return where;
+    };
     const seen = new Set(), copies = [];
+    const keep = (key, el) => { if (seen.has(key)) copies.push(el); else seen.add(key); };
     for (const pre of document.querySelectorAll(".highlight pre")) {
-        let where = pre.closest("details:not([open])") ? "folded|" : "shown|";
-        for (let e = pre; e && e !== document.body; e = e.parentElement) {
-            where += `${e.tagName}.${e.className}/`;
-        }
+        const where = context(pre, document.body);
         for (const token of pre.querySelectorAll("span")) {
             if (token.firstElementChild) continue;  // a wrapper (a highlighted line): its tokens count
             const parent = token.parentElement;
-            const key = `${where}${parent.tagName}.${parent.className}>${token.className}`
-                        + `|${token.getAttribute("style")}`;
-            if (seen.has(key)) copies.push(token); else seen.add(key);
+            keep(`${where}${parent.tagName}.${parent.className}>${token.className}`
+                 + `|${token.getAttribute("style")}`, token);
         }
     }
-    copies.forEach(token => token.remove());
+    for (const math of document.querySelectorAll("mjx-container")) {
+        let colours = getComputedStyle(math).color;
+        for (const e of math.querySelectorAll("[style*='color'], [mathcolor], [mathbackground]")) {
+            colours += `|${e.getAttribute("style")}|${e.getAttribute("mathcolor")}`
+                       + `|${e.getAttribute("mathbackground")}`;
+        }
+        keep(`math|${math.getAttribute("display")}|${context(math, document.body)}|${colours}`, math);
+    }
+    copies.forEach(el => el.remove());
     return copies.length;
 }"""
 
 
 def _axe(page) -> list[str]:
-    """axe-core's serious and critical WCAG 2.1 A/AA violations on the page as it is now, code thinned
-    out to one token of each style first (``_ONE_TOKEN_PER_STYLE``). The script comes from the
+    """axe-core's serious and critical WCAG 2.1 A/AA violations on the page as it is now, code and math
+    thinned out to one of each style first (``_ONE_OF_EACH_STYLE``). The script comes from the
     axe-playwright-python package: nothing is downloaded."""
     import axe_playwright_python
 
     if not page.evaluate("() => Boolean(window.axe)"):
-        page.evaluate(_ONE_TOKEN_PER_STYLE)
+        page.evaluate(_ONE_OF_EACH_STYLE)
         page.add_script_tag(
             path=str(pathlib.Path(axe_playwright_python.__file__).with_name("axe.min.js"))
         )
@@ -320,15 +390,20 @@ def _axe(page) -> list[str]:
 
 
 def test_the_accessibility_check_finds_what_it_looks_for(page, site):
-    """The axe runs above are not vacuous: on a page with code, a low-contrast paragraph, an image
-    without alt text and a low-contrast code token are reported in light mode (the token although
-    ``_ONE_TOKEN_PER_STYLE`` thinned the code out), and text that is only readable on a light
-    background is reported in dark mode alone."""
-    page.goto(f"{site}/book/performance.html", wait_until="load")
+    """The axe runs above are not vacuous: on a page with code and math, a low-contrast paragraph, an
+    image without alt text and a low-contrast code token are reported in light mode (the token although
+    ``_ONE_OF_EACH_STYLE`` thinned the code out), and text that is only readable on a light background
+    is reported in dark mode alone. The thinning keeps a formula in a colour of its own and removes its
+    copy. (axe cannot see the contrast of MathJax's glyphs, which are CSS-generated content: a
+    formula's colour is checked through the text it inherits from.)"""
+    url = f"{site}/book/performance.html"
+    _visit(page, url)
     spans = page.locator(".highlight pre span").count()
     assert spans > 100  # code for the thinning to act on
     assert _axe(page) == []
-    page.goto(f"{site}/book/performance.html", wait_until="load")
+    _visit(page, url)
+    formulas = page.locator("mjx-container").count()
+    assert formulas >= 1
     page.evaluate(
         """() => {
         const p = document.createElement("p");
@@ -343,7 +418,14 @@ def test_the_accessibility_check_finds_what_it_looks_for(page, site):
         dark.id = "dark-on-any";
         dark.textContent = "dark text on the page's background";
         dark.style.color = "#333333";
-        document.querySelector("main").prepend(p, img);
+        const maths = document.createElement("p");
+        for (const id of ["faint-math", "faint-math-copy"]) {
+            const math = document.querySelector("mjx-container").cloneNode(true);
+            math.id = id;
+            math.style.color = "#dddddd";
+            maths.append(math);
+        }
+        document.querySelector("main").prepend(p, img, maths);
         document.querySelector("main").append(dark);
         const token = document.querySelector(".highlight pre span").cloneNode();
         token.id = "faint-token";
@@ -356,6 +438,10 @@ def test_the_accessibility_check_finds_what_it_looks_for(page, site):
     assert "image-alt" in light and "#faint-text" in light and "#faint-token" in light, light
     assert "#dark-on-any" not in light  # readable on the light background
     assert page.locator(".highlight pre span").count() < spans  # the code was thinned out
+    assert (
+        page.locator("#faint-math").count() == 1 and page.locator("#faint-math-copy").count() == 0
+    )
+    assert page.locator("mjx-container").count() >= 2  # the page's own formula(s) and the faint one
     page.evaluate(
         "() => ['#faint-text', '#faint-token', '#no-alt'].forEach(s => document.querySelector(s).remove())"
     )
@@ -454,37 +540,37 @@ _FIGURE_STATE = """figure => ({
 })"""
 
 
-@pytest.mark.parametrize(
-    ("doc", "name"), [(doc, name) for doc, names in FIGURES.items() for name in names]
-)
-def test_each_interactive_figure_draws_and_moves_with_the_keyboard(page, site, doc, name):
-    """The figure replaces its static image (which keeps alt text), draws its panels with no console
-    error, and every control, reached with Tab and moved with an arrow key, changes what is drawn and
-    the sentence read out to screen readers."""
+@pytest.mark.parametrize("doc", FIGURES)
+def test_each_interactive_figure_draws_and_moves_with_the_keyboard(page, site, doc):
+    """Each figure of the page replaces its static image (which keeps alt text), draws its panels with
+    no console error, and every control, reached with Tab and moved with an arrow key, changes what
+    is drawn and the sentence read out to screen readers. (One visit per page: its figures are
+    independent of each other.)"""
     page.goto(f"{site}/{doc}.html", wait_until="load")
-    figure = page.locator(f"#tc-fig-{name}")
-    figure.scroll_into_view_if_needed()
-    state = figure.evaluate(_FIGURE_STATE)
-    assert state["live"] and state["panels"] >= 1 and state["live_region"] == "polite"
-    assert len(state["alt"]) > 40 and state["summary"], state
-    assert page.locator(f"#tc-fig-{name} img.tc-fig-static").is_hidden()
-    for control in state["controls"]:
-        assert control["label"], f"{name}: control {control['id']} has no label"
-        before = figure.evaluate(_FIGURE_STATE)
-        page.focus(f"#{control['id']}")
-        page.keyboard.press(
-            "Shift+Tab"
-        )  # reach the control from the one before it, as a reader does
-        page.keyboard.press("Tab")
-        assert page.evaluate("() => document.activeElement.id") == control["id"]
-        page.keyboard.press("ArrowLeft" if control["at"] == control["last"] else "ArrowRight")
-        after = figure.evaluate(_FIGURE_STATE)
-        moved = next(c for c in after["controls"] if c["id"] == control["id"])
-        assert moved["at"] != control["at"], f"{name}: the key did not move {control['id']}"
-        assert after["drawing"] != before["drawing"], (
-            f"{name}: {control['id']} changed nothing drawn"
-        )
-        assert after["summary"] != before["summary"], f"{name}: {control['id']} left the sentence"
+    for name in FIGURES[doc]:
+        figure = page.locator(f"#tc-fig-{name}")
+        figure.scroll_into_view_if_needed()
+        state = figure.evaluate(_FIGURE_STATE)
+        assert state["live"] and state["panels"] >= 1 and state["live_region"] == "polite", name
+        assert len(state["alt"]) > 40 and state["summary"], (name, state)
+        assert page.locator(f"#tc-fig-{name} img.tc-fig-static").is_hidden(), name
+        for control in state["controls"]:
+            assert control["label"], f"{name}: control {control['id']} has no label"
+            before = figure.evaluate(_FIGURE_STATE)
+            page.focus(f"#{control['id']}")
+            page.keyboard.press("Shift+Tab")  # reach the control from the one before, as a reader
+            page.keyboard.press("Tab")
+            assert page.evaluate("() => document.activeElement.id") == control["id"], name
+            page.keyboard.press("ArrowLeft" if control["at"] == control["last"] else "ArrowRight")
+            after = figure.evaluate(_FIGURE_STATE)
+            moved = next(c for c in after["controls"] if c["id"] == control["id"])
+            assert moved["at"] != control["at"], f"{name}: the key did not move {control['id']}"
+            assert after["drawing"] != before["drawing"], (
+                f"{name}: {control['id']} changed nothing drawn"
+            )
+            assert after["summary"] != before["summary"], (
+                f"{name}: {control['id']} left the sentence"
+            )
     assert page.errors == [] and _needed(page.blocked) == [], page.errors
 
 

@@ -8,19 +8,25 @@ Library modules never pick a device: they follow their inputs. Only notebooks an
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import inspect
 import os
+import pathlib
 import platform
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["default_device", "eval_mode", "machine", "seed_everything", "shape_of"]
+__all__ = ["default_device", "eval_mode", "machine", "reusable_run", "seed_everything", "shape_of"]
 
 DEVICE_ENV = "TRANSFORMER_COURSE_DEVICE"
 DEVICE_LOG_ENV = "TRANSFORMER_COURSE_DEVICE_LOG"
+RUN_STORE_ENV = "TRANSFORMER_COURSE_RUN_STORE"
 _fallback_noted = False
 
 
@@ -121,3 +127,71 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
             yield model
     finally:
         model.train(was_training)
+
+
+Run = TypeVar("Run")
+
+
+@functools.cache
+def _package_digest() -> str:
+    """A digest of the package's source: a stored run is only reused by the code that made it."""
+    h = hashlib.sha256()
+    for path in sorted(pathlib.Path(__file__).parent.rglob("*.py")):
+        h.update(path.as_posix().encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def reusable_run(train_fn: Callable[..., Run]) -> Callable[..., Run]:
+    """``train_fn``, a seeded training run of the course, made to reuse an identical finished run
+    when the environment variable ``TRANSFORMER_COURSE_RUN_STORE`` names a folder.
+
+    ``make test`` sets it (to a folder it empties first), so that a run that a chapter and its lab
+    both make, with the same arguments, trains once per test run. Without it (a reader, a learner,
+    a benchmark) the function runs as written. A call is identical when the function, its arguments
+    with their defaults, torch's version and thread count and the package's source are; and only runs
+    on the CPU are stored, where the course's runs repeat bit for bit (``tests/test_runtime.py``
+    checks a reused run against a new one). A reused run also leaves Python's, NumPy's and torch's
+    random states where the run left them, so the code after the call sees exactly what it would
+    have seen.
+    """
+    signature = inspect.signature(train_fn)
+
+    @functools.wraps(train_fn)
+    def run(*args, **kwargs) -> Run:
+        folder = os.environ.get(RUN_STORE_ENV)
+        if not folder:
+            return train_fn(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        if torch.device(bound.arguments.get("device", "cpu")).type != "cpu":
+            return train_fn(*args, **kwargs)
+        described = {
+            k: str(torch.device(v)) if k == "device" else v for k, v in bound.arguments.items()
+        }
+        key = hashlib.sha256(
+            repr(
+                (train_fn.__qualname__, described, torch.__version__, torch.get_num_threads())
+            ).encode()
+            + _package_digest().encode()
+        ).hexdigest()[:24]
+        path = pathlib.Path(folder) / f"{train_fn.__name__}-{key}.pt"
+        if path.exists():
+            stored = torch.load(path, weights_only=False)  # written by this function, below
+            random.setstate(stored["python"])
+            np.random.set_state(stored["numpy"])  # noqa: NPY002
+            torch.set_rng_state(stored["torch"])
+            return stored["run"]
+        result = train_fn(*args, **kwargs)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        state = {
+            "run": result,
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),  # noqa: NPY002
+            "torch": torch.get_rng_state(),
+        }
+        torch.save(state, partial)
+        os.replace(partial, path)  # another process sees the whole file or none
+        return result
+
+    return run

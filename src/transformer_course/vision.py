@@ -26,7 +26,7 @@ from .block import PreNormBlock, TransformerStack
 from .data import digits_split, random_affine
 from .language_models import gpt2_init
 from .position import LearnedPositionalEmbedding
-from .runtime import eval_mode
+from .runtime import eval_mode, reusable_run
 from .tokens import PatchEmbedding
 from .train import History, Recipe, TrainConfig, train
 
@@ -327,6 +327,7 @@ class DigitsRun:
     test_accuracy_no_shifts: float
 
 
+@reusable_run  # the chapter and its lab make the same run: `make test` trains it once
 def train_digits(
     recipe: DigitsRecipe = DIGITS_RECIPE,
     device: torch.device | str = "cpu",

@@ -32,7 +32,7 @@ from torch import Tensor
 from ..block import PreNormBlock, TransformerStack
 from ..data import get_batch, tinyshakespeare_text, train_val_split
 from ..language_models import GPT, SHAKESPEARE_CPU, GPTConfig, LMRecipe
-from ..runtime import eval_mode
+from ..runtime import eval_mode, reusable_run
 from ..tokens import CharTokenizer
 from ..train import History, TrainConfig, train
 
@@ -269,6 +269,7 @@ class MLMRun:
         return self.history.evals["val_loss"][-1]
 
 
+@reusable_run  # the chapter and its lab make the same run: `make test` trains it once
 def train_char_mlm(
     recipe: MLMRecipe = MLM_CPU_RECIPE,
     device: torch.device | str = "cpu",
