@@ -26,7 +26,8 @@ LOCK_PYTHON := $(shell sed -n 's/^\# python: //p' constraints.txt 2>/dev/null)
 # compiles the bytecode (where PYTHONDONTWRITEBYTECODE is set, every import would otherwise compile it
 # again). Should uv fail, pip does the same install. uv reads neither pip's configuration nor
 # PIP_FIND_LINKS, so the folders pip is told to find wheels in (a machine's own torch build) are passed on.
-PIP_LINKS = $(sort $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null) $(PIP_FIND_LINKS))
+# PIP_LINKS asks pip once, when first used, and keeps the answer (it replaces its own definition).
+PIP_LINKS = $(eval PIP_LINKS := $(sort $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null) $(PIP_FIND_LINKS)))$(PIP_LINKS)
 INSTALL = $(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python $(PIP_LINKS:%=--find-links %)
 
 $(STAMP): requirements.txt pyproject.toml constraints.txt | check-python

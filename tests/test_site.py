@@ -92,7 +92,7 @@ def _block_other_sites(context, site: str) -> None:
     context.route("**/*", route)
 
 
-def _watch(page):
+def _watch(page, site: str):
     """``page``, recording its JavaScript errors, console errors and warnings and failed requests to
     the local site in ``page.errors``, and its refused requests in ``page.blocked``."""
     page.blocked, page.errors = [], []
@@ -108,7 +108,7 @@ def _watch(page):
     page.on(
         "requestfailed",
         lambda r: (
-            page.errors.append(f"failed request: {r.url}") if r.url.startswith(page.site) else None
+            page.errors.append(f"failed request: {r.url}") if r.url.startswith(site) else None
         ),
     )
     return page
@@ -118,9 +118,7 @@ def _open(browser, site, **context_options):
     """A watched page (``_watch``) in a new context of its own that loads only from ``site``."""
     context = browser.new_context(**context_options)
     _block_other_sites(context, site)
-    page = context.new_page()
-    page.site = site
-    return context, _watch(page)
+    return context, _watch(context.new_page(), site)
 
 
 DESKTOP = {"width": 1280, "height": 900}
@@ -141,9 +139,7 @@ def reader(browser, site):
 
 def _tab(reader, site):
     """A new watched page in the reader's context."""
-    page = reader.new_page()
-    page.site = site
-    return _watch(page)
+    return _watch(reader.new_page(), site)
 
 
 @pytest.fixture
