@@ -49,7 +49,7 @@ def interleaved_medians(
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def _commit() -> str:
+def commit() -> str:
     try:
         done = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
@@ -69,7 +69,7 @@ def report(results: dict) -> None:
     load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     results = {
         **results,
-        "commit": _commit(),
+        "commit": commit(),
         "date": datetime.date.today().isoformat(),
         "load_average_1_5_15min": load,  # other work on the machine slows every timing
     }

@@ -330,6 +330,33 @@ def test_fit_power_law_recovers_known_parameters():
         assert abs(fit.alpha - alpha) < 1e-5 and abs(fit.c - c) < 1e-5 and abs(fit.a / a - 1) < 1e-4
 
 
+def test_fit_power_law_keeps_the_constant_a_loss_can_have():
+    """Losses on a straight line in log size (the shape of the 160-step budget in the book): with
+    c >= 0 every start converges (none stops at its evaluation limit) and the fit ends at the bound,
+    c = 0 to the fit's tolerance, with the exponent of the points' log-log line. A law whose constant
+    is positive keeps it."""
+    import scipy.optimize
+
+    N = np.geomspace(1.7e4, 1.3e6, 6)
+    line = 2.95 - 0.04 * np.log(N)  # falls by 0.04 nats per e-fold of size, no bend
+    calls = []
+    real = scipy.optimize.least_squares
+
+    def counted(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        return calls[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scipy.optimize, "least_squares", counted)
+        fit = training.fit_power_law(N, line)
+    assert 0 <= fit.c < 1e-3 and 0 < fit.alpha < 0.05
+    assert all(c.status > 0 for c in calls), [c.status for c in calls]  # 0: the evaluation limit
+    loglog = np.polyfit(np.log(N), np.log(line), 1)  # log L = log a - alpha log N, c = 0
+    assert fit.alpha == pytest.approx(-loglog[0], rel=0.05)
+    bent = training.fit_power_law(N, training.PowerLaw(5.0, 0.2, 0.8)(N))
+    assert bent.c == pytest.approx(0.8, abs=1e-5)
+
+
 def test_fit_power_law_errors_explain():
     with pytest.raises(ValueError, match="at least four points"):
         training.fit_power_law([1, 2, 3], [3, 2, 1])

@@ -39,9 +39,12 @@ def fit_power_law(x: Sequence[float], loss: Sequence[float]) -> PowerLaw:
     compute budget).
 
     Minimises :math:`\sum_i (\mathcal{L}(x_i) - \mathcal{L}_i)^2` over :math:`(\log a, \alpha, c)`
-    with SciPy's trust-region least squares (:math:`0 \le \alpha \le 10`: a loss that does not fall
-    with :math:`x` gets :math:`\alpha = 0`), from starts found by a log-log line through the points for
-    a grid of values of :math:`c` below the smallest loss.
+    with SciPy's trust-region least squares, from starts found by a log-log line through the points for
+    a grid of values of :math:`c` below the smallest loss. The bounds: :math:`0 \le \alpha \le 10` (a
+    loss that does not fall with :math:`x` gets :math:`\alpha = 0`) and :math:`c \ge 0` (a
+    cross-entropy is never negative). Points that lie on a straight line in :math:`\log x` end on the
+    bound :math:`c = 0`; without it, the fit would trade a vanishing :math:`\alpha` against ever larger
+    :math:`a` and :math:`-c` and stop only at its evaluation limit (book sec. *Scaling laws*).
 
     Raises:
         ValueError: fewer than four points (three parameters), a non-positive ``x``, or mismatched
@@ -64,11 +67,12 @@ def fit_power_law(x: Sequence[float], loss: Sequence[float]) -> PowerLaw:
         return np.exp(log_a) * u ** (-alpha) + c - Y
 
     best = None
-    for c0 in Y.min() - np.geomspace(1e-3, 1.0, 12) * (Y.max() - Y.min() + 1e-12) * 4:
+    starts = Y.min() - np.geomspace(1e-3, 1.0, 12) * (Y.max() - Y.min() + 1e-12) * 4
+    for c0 in dict.fromkeys(np.maximum(starts, 0.0).tolist()):  # c >= 0: those below start on it
         slope, intercept = np.polyfit(np.log(u), np.log(np.maximum(Y - c0, 1e-12)), 1)
         start = np.array([intercept, min(max(-slope, 1e-3), 9.9), c0])
         fit = least_squares(
-            residuals, start, bounds=([-np.inf, 0.0, -np.inf], [np.inf, 10.0, np.inf]),
+            residuals, start, bounds=([-np.inf, 0.0, 0.0], [np.inf, 10.0, np.inf]),
             method="trf", x_scale="jac", max_nfev=2000,
         )  # fmt: skip
         if best is None or fit.cost < best.cost:
