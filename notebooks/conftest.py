@@ -26,9 +26,10 @@ _cpu: dict[str, float] = {}  # the kernel's CPU seconds at its latest cell
 _wall: dict[str, float] = collections.defaultdict(float)  # the summed durations of the cells
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # The labs that compute longest (the kernel CPU times above), collected first: on several workers
-# (``--dist loadfile``) a long lab started last would leave the other cores idle at the end. Labs 14
-# and 9 come after the others: in ``make test`` they reuse their chapters' runs (``reusable_run``)
-# when the book has made them, and the later they start, the likelier it has.
+# (``--dist loadfile``) a long lab started last would leave the other cores idle at the end. Labs 8,
+# 14 and 9 come after the others: in ``make test`` they reuse their chapters' runs (``reusable_run``;
+# a lab that gets there while the book trains the run waits for it), and the later they start, the
+# likelier the run is ready.
 SLOW_FIRST = ["07_language_models", "10_training", "08_encoder_decoder", "14_masked", "09_vision"]
 
 

@@ -13,8 +13,9 @@ Four jobs, run side by side as their inputs allow:
 
 The book and the labs share a store of finished training runs (``_build/run-store``, emptied at the
 start; ``tc.runtime.reusable_run``): a run that a chapter and its lab both make with the same arguments
-(the masked model, the two ViTs of the vision lab) trains once, in whichever job gets there first. The
-package's tests never reuse a run.
+(the masked model, the date translator, the two ViTs of the vision lab) trains once, in whichever job
+gets there first; a job that asks for a run the other is training waits for it. The package's tests
+never reuse a run.
 
 Each job writes its output to ``_build/test-logs/<job>.log``; this prints a line when a job starts and
 when it ends, with its wall time, the CPU time of the processes it ran and waited for (Chromium's

@@ -153,3 +153,52 @@ def test_a_reused_run_is_the_run_a_new_call_makes(monkeypatch, tmp_path):
     if torch.cuda.is_available():  # only CPU runs are stored
         train_digits(DIGITS_RECIPE, "cuda", steps=4, seed=1)
         assert len(list(tmp_path.glob("train_digits-*.pt"))) == 2
+
+
+def test_a_call_waits_for_an_identical_run_in_progress_and_takes_over_a_dead_ones_lock(
+    monkeypatch, tmp_path
+):
+    """While the lock of an identical run is held by a live process, ``reusable_run`` waits and then
+    returns the stored run (it does not train it again); the lock of a process that has ended does
+    not hold it up."""
+    import shutil
+    import subprocess
+    import threading
+    import time
+
+    from transformer_course.vision import DIGITS_RECIPE, train_digits
+
+    made = tmp_path / "made"
+    monkeypatch.setenv(runtime.RUN_STORE_ENV, str(made))
+    first = train_digits(DIGITS_RECIPE, steps=2, seed=3)
+    (stored,) = made.glob("train_digits-*.pt")
+
+    store = tmp_path / "store"
+    store.mkdir()
+    monkeypatch.setenv(runtime.RUN_STORE_ENV, str(store))
+    lock = store / f"{stored.name}.lock"
+
+    def another_process_trains() -> None:  # holds the lock (as this live process), then stores
+        with runtime._training_lock(lock):
+            time.sleep(0.6)
+            shutil.copy(stored, store / stored.name)
+
+    holder = threading.Thread(target=another_process_trains)
+    holder.start()
+    while not lock.exists():
+        time.sleep(0.01)
+    start = time.perf_counter()
+    waited = train_digits(DIGITS_RECIPE, steps=2, seed=3)
+    seconds = time.perf_counter() - start
+    holder.join()
+    assert seconds > 0.4  # it waited for the holder
+    assert waited.history == first.history  # the stored run, its training time included
+    assert not lock.exists()
+
+    (store / stored.name).unlink()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    lock.write_text(str(ended.pid))  # the lock of a process that has ended
+    again = train_digits(DIGITS_RECIPE, steps=2, seed=3)  # trains: nothing stored
+    assert again.history.train_loss == first.history.train_loss
+    assert (store / stored.name).exists() and not lock.exists()

@@ -52,7 +52,30 @@ from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 
-from transformer_course import project
+
+def _project():
+    """:mod:`transformer_course.project` (the course's URLs), loaded from the installed package without
+    importing the package itself: ``import transformer_course`` brings torch and matplotlib (about
+    1.7 s of CPU in every Sphinx process), and ``project`` needs neither."""
+    import importlib.util
+    import sys
+
+    name = "transformer_course.project"
+    if name in sys.modules:
+        return sys.modules[name]
+    package = importlib.util.find_spec("transformer_course")
+    if package is None or not package.submodule_search_locations:
+        raise RuntimeError(
+            "transformer_course is not installed: run `make venv` (or `pip install -e .`)"
+        )
+    path = Path(package.submodule_search_locations[0]) / "project.py"
+    spec = importlib.util.spec_from_file_location("_course_book_project", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+project = _project()
 
 
 class LabDirective(SphinxDirective):

@@ -22,7 +22,7 @@ from .data import DateTask
 from .language_models import KVCache, gpt2_init
 from .multihead import AttentionLayer, SelfAttention, split_heads
 from .position import LearnedPositionalEmbedding
-from .runtime import eval_mode
+from .runtime import eval_mode, reusable_run
 from .self_attention import causal_mask
 from .train import History, Recipe, TrainConfig, train
 
@@ -517,6 +517,7 @@ class DatesRun:
     train_pairs: list[tuple[str, str]]
 
 
+@reusable_run  # the chapter and its lab make the same run: `make test` trains it once
 def train_dates(
     recipe: DatesRecipe = DATES_RECIPE,
     device: torch.device | str = "cpu",

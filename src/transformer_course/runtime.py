@@ -15,6 +15,7 @@ import os
 import pathlib
 import platform
 import random
+import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -141,6 +142,43 @@ def _package_digest() -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def _training_lock(lock: pathlib.Path, poll_s: float = 0.2) -> Iterator[None]:
+    """Hold ``lock`` (a file naming this process) for the block; while a live process holds it, wait.
+    The lock of a process that has ended is removed and taken."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                holder = int(lock.read_text() or 0)
+            except (FileNotFoundError, ValueError):
+                holder = 0  # released, or not written yet: look again
+            if holder and not _alive(holder):
+                lock.unlink(missing_ok=True)
+            else:
+                time.sleep(poll_s)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        break
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it runs, as another user
+        return True
+    return True
+
+
 def reusable_run(train_fn: Callable[..., Run]) -> Callable[..., Run]:
     """``train_fn``, a seeded training run of the course, made to reuse an identical finished run
     when the environment variable ``TRANSFORMER_COURSE_RUN_STORE`` names a folder.
@@ -152,7 +190,9 @@ def reusable_run(train_fn: Callable[..., Run]) -> Callable[..., Run]:
     on the CPU are stored, where the course's runs repeat bit for bit (``tests/test_runtime.py``
     checks a reused run against a new one). A reused run also leaves Python's, NumPy's and torch's
     random states where the run left them, so the code after the call sees exactly what it would
-    have seen.
+    have seen. A call made while another process trains the identical run waits for it (a lock file
+    names the process; the lock of a process that has ended is taken over), so that the run trains
+    once whichever of the two gets there first.
     """
     signature = inspect.signature(train_fn)
 
@@ -175,23 +215,24 @@ def reusable_run(train_fn: Callable[..., Run]) -> Callable[..., Run]:
             + _package_digest().encode()
         ).hexdigest()[:24]
         path = pathlib.Path(folder) / f"{train_fn.__name__}-{key}.pt"
-        if path.exists():
-            stored = torch.load(path, weights_only=False)  # written by this function, below
-            random.setstate(stored["python"])
-            np.random.set_state(stored["numpy"])  # noqa: NPY002
-            torch.set_rng_state(stored["torch"])
-            return stored["run"]
-        result = train_fn(*args, **kwargs)
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        state = {
-            "run": result,
-            "python": random.getstate(),
-            "numpy": np.random.get_state(),  # noqa: NPY002
-            "torch": torch.get_rng_state(),
-        }
-        torch.save(state, partial)
-        os.replace(partial, path)  # another process sees the whole file or none
-        return result
+        with _training_lock(path.with_name(f"{path.name}.lock")):  # waits for an identical run
+            if path.exists():
+                stored = torch.load(path, weights_only=False)  # written by this function, below
+                random.setstate(stored["python"])
+                np.random.set_state(stored["numpy"])  # noqa: NPY002
+                torch.set_rng_state(stored["torch"])
+                return stored["run"]
+            result = train_fn(*args, **kwargs)
+            partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+            state = {
+                "run": result,
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),  # noqa: NPY002
+                "torch": torch.get_rng_state(),
+            }
+            torch.save(state, partial)
+            os.replace(partial, path)  # another process sees the whole file or none
+            return result
 
     return run
