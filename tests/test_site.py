@@ -41,6 +41,9 @@ ARGS = [
     "--disable-gpu",
     "--disable-background-networking",
     "--disable-component-update",
+    # no host but the loopback interface resolves: a request to another site fails inside Chromium
+    # (``_watch`` records it) instead of being routed through Playwright and Python one by one
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
 ]
 
 
@@ -75,26 +78,10 @@ def browser():
         b.close()
 
 
-def _block_other_sites(context, site: str) -> None:
-    """Let the context's pages (popups included) load only from the local site; each page records
-    what it was refused in ``page.blocked``."""
-
-    def route(r):
-        if r.request.url.startswith(site):
-            return r.continue_()
-        try:
-            blocked = r.request.frame.page.blocked
-        except Exception:  # a request of no page: refused all the same
-            blocked = []
-        blocked.append((r.request.resource_type, r.request.url))
-        return r.abort()
-
-    context.route("**/*", route)
-
-
 def _watch(page, site: str):
     """``page``, recording its JavaScript errors, console errors and warnings and failed requests to
-    the local site in ``page.errors``, and its refused requests in ``page.blocked``."""
+    the local site in ``page.errors``, and its requests to other sites (which fail: ``ARGS``) in
+    ``page.blocked``."""
     page.blocked, page.errors = [], []
     page.on("pageerror", lambda err: page.errors.append(f"page error: {err}"))
     page.on(
@@ -108,16 +95,17 @@ def _watch(page, site: str):
     page.on(
         "requestfailed",
         lambda r: (
-            page.errors.append(f"failed request: {r.url}") if r.url.startswith(site) else None
+            page.errors.append(f"failed request: {r.url}")
+            if r.url.startswith(site)
+            else page.blocked.append((r.resource_type, r.url))
         ),
     )
     return page
 
 
 def _open(browser, site, **context_options):
-    """A watched page (``_watch``) in a new context of its own that loads only from ``site``."""
+    """A watched page (``_watch``) in a new context of its own."""
     context = browser.new_context(**context_options)
-    _block_other_sites(context, site)
     return context, _watch(context.new_page(), site)
 
 
@@ -133,7 +121,6 @@ def reader(browser, site):
     is a first visit."""
     context = browser.new_context(viewport=DESKTOP)
     context.add_init_script("try { localStorage.clear(); sessionStorage.clear(); } catch (e) {}")
-    _block_other_sites(context, site)
     yield context
     context.close()
 
@@ -154,6 +141,29 @@ def page(reader, site):
 def _needed(blocked: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Blocked requests that matter: anything but content images (e.g. the Colab badge picture)."""
     return [(kind, url) for kind, url in blocked if kind != "image"]
+
+
+def test_other_sites_are_unreachable_and_what_a_page_asks_of_them_is_recorded(page, site):
+    """The checks of ``page.blocked`` can fail: an image and a fetch from another site never load, and
+    both are recorded (a request to the site itself is not)."""
+    page.goto(f"{site}/404.html", wait_until="load")
+    outcome = page.evaluate(
+        """async () => {
+            const image = new Image();
+            const loaded = new Promise(done => { image.onload = () => done("loaded");
+                                                 image.onerror = () => done("failed"); });
+            image.src = "https://example.org/picture.png";
+            const fetched = await fetch("https://example.org/data.json").then(() => "loaded", () => "failed");
+            const own = await fetch("_static/logo.svg").then(r => r.ok ? "loaded" : "failed");
+            return [await loaded, fetched, own];
+        }"""
+    )
+    assert outcome == ["failed", "failed", "loaded"], outcome
+    assert sorted(page.blocked) == [
+        ("fetch", "https://example.org/data.json"),
+        ("image", "https://example.org/picture.png"),
+    ], page.blocked
+    assert _needed(page.blocked) == [("fetch", "https://example.org/data.json")]
 
 
 def test_math_renders_offline(page, site, tmp_path):
@@ -639,10 +649,8 @@ def test_the_404_page_is_styled_from_any_prefix(browser, built_book, prefix):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     origin = f"http://127.0.0.1:{server.server_address[1]}"
-    context = (
-        browser.new_context()
-    )  # one reader: an asset from a wrong path is another URL, not cached
-    _block_other_sites(context, origin)
+    # one reader for the missing pages: an asset from a wrong path is another URL, never a cached one
+    context = browser.new_context()
     try:
         # any depth under the published prefix; elsewhere the root is found from the course's own
         # folders (book/, notebooks/, _static/) or the top level (a deeper unknown path cannot say
