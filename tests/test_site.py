@@ -41,9 +41,10 @@ ARGS = [
     "--disable-gpu",
     "--disable-background-networking",
     "--disable-component-update",
-    # no host but the loopback interface resolves: a request to another site fails inside Chromium
-    # (``_watch`` records it) instead of being routed through Playwright and Python one by one
-    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    # every request but those to the loopback interface (which Chromium never sends to a proxy) goes
+    # to a proxy that does not exist, and fails inside Chromium (``_watch`` records it), a numeric
+    # address as well as a name; no request is routed through Playwright and Python one by one
+    "--proxy-server=http://127.0.0.1:9",
 ]
 
 
@@ -144,8 +145,8 @@ def _needed(blocked: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def test_other_sites_are_unreachable_and_what_a_page_asks_of_them_is_recorded(page, site):
-    """The checks of ``page.blocked`` can fail: an image and a fetch from another site never load, and
-    both are recorded (a request to the site itself is not)."""
+    """The checks of ``page.blocked`` can fail: an image and fetches from other sites (by name and by
+    number) never load, and each is recorded (a request to the site itself is not)."""
     page.goto(f"{site}/404.html", wait_until="load")
     outcome = page.evaluate(
         """async () => {
@@ -154,16 +155,21 @@ def test_other_sites_are_unreachable_and_what_a_page_asks_of_them_is_recorded(pa
                                                  image.onerror = () => done("failed"); });
             image.src = "https://example.org/picture.png";
             const fetched = await fetch("https://example.org/data.json").then(() => "loaded", () => "failed");
+            const numeric = await fetch("http://192.0.2.1/data.json").then(() => "loaded", () => "failed");
             const own = await fetch("_static/logo.svg").then(r => r.ok ? "loaded" : "failed");
-            return [await loaded, fetched, own];
+            return [await loaded, fetched, numeric, own];
         }"""
     )
-    assert outcome == ["failed", "failed", "loaded"], outcome
+    assert outcome == ["failed", "failed", "failed", "loaded"], outcome
     assert sorted(page.blocked) == [
+        ("fetch", "http://192.0.2.1/data.json"),
         ("fetch", "https://example.org/data.json"),
         ("image", "https://example.org/picture.png"),
     ], page.blocked
-    assert _needed(page.blocked) == [("fetch", "https://example.org/data.json")]
+    assert sorted(_needed(page.blocked)) == [
+        ("fetch", "http://192.0.2.1/data.json"),
+        ("fetch", "https://example.org/data.json"),
+    ]
 
 
 def test_math_renders_offline(page, site, tmp_path):
