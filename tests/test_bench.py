@@ -142,15 +142,12 @@ def test_scaling_refit_fits_the_recorded_runs_again_and_changes_nothing_else():
     recorded = tc.results.load(ROOT, "cpu")["scaling"].data
     result, printed = run_bench("scaling.py", "--refit")
     assert f"refitting the {len(recorded['runs'])} runs recorded at" in printed
-    assert {
-        k: v
-        for k, v in result.items()
-        if k not in ("fits", "held_out", "interpolation_error_abs", "refit")
-    } == {
-        k: v
-        for k, v in recorded.items()
-        if k not in ("fits", "held_out", "interpolation_error_abs", "refit")
-    }  # the runs, their commit, date and machine
+    derived = ("fits", "held_out", "interpolation_error_abs", "refit")
+
+    def measured(study: dict) -> dict:  # the runs, their commit, date and machine
+        return {k: v for k, v in study.items() if k not in derived}
+
+    assert measured(result) == measured(recorded)
     again = tc.training.scaling_analysis(recorded["runs"])
     assert result["fits"] == {str(k): v for k, v in again["fits"].items()}
     assert result["held_out"] == again["held_out"]

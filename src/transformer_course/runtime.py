@@ -171,11 +171,11 @@ def _training_lock(lock: pathlib.Path, poll_s: float = 0.2) -> Iterator[None]:
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` runs on this machine."""
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # PermissionError: it runs, as another user
     except ProcessLookupError:
         return False
-    except PermissionError:  # it runs, as another user
-        return True
+    except PermissionError:
+        pass
     return True
 
 
