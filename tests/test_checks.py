@@ -138,3 +138,11 @@ def test_the_verdict_is_not_displayed_twice_in_a_notebook(S):
 def test_a_variant_exactly_on_a_strict_bound_says_so():
     v = verify("x < 1", 0.5, 1.0, relation="<", mistakes=[Mistake("x = 1", 1.0)], quiet=True)
     assert v.rejected == (("x = 1", "on the bound, which a strict inequality excludes"),)
+
+
+def test_a_difference_is_printed_as_a_bound_that_rounding_does_not_move():
+    """Rounding errors differ between processors; their bound does not (tc.checks.bound)."""
+    assert tc.checks.bound(4e-16) == tc.checks.bound(7e-16) == tc.checks.bound(0.0) == "below 1e-12"
+    assert tc.checks.bound(5e-15) == "below 1e-12"
+    assert tc.checks.bound(3e-7) == "below 1e-04"
+    assert tc.checks.bound(2e-11, floor=1e-14) == "below 1e-08"

@@ -112,6 +112,62 @@ def test_every_figure_stored_in_a_lab_says_what_it_shows():
     assert seen >= 20 and bare == [], bare
 
 
+# A number below 1e-8 written with digits (4e-16, 3.1e-12, 0.000000002) is rounding noise, which differs
+# between processors; a checked output may print it only as a bound ("below 1e-12", "< 1e-12").
+_TINY = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?(?:e-\d+)|0\.0{8,}\d+)(?!\w|\.\d)")
+_AS_BOUND = re.compile(r"(?:<|≤|<=|below|under|within|at most)\s*$")
+
+
+def rounding_noise_in_checked_outputs(lab: pathlib.Path) -> list[str]:
+    """Numbers below 1e-8 that a lab's nbval-checked cells (``# NBVAL_CHECK_OUTPUT``) print, unless they
+    are printed as a bound."""
+    found = []
+    for i, cell in enumerate(json.loads(lab.read_text())["cells"]):
+        if cell["cell_type"] != "code" or "NBVAL_CHECK_OUTPUT" not in "".join(cell["source"]):
+            continue
+        for output in cell.get("outputs", []):
+            text = "".join(output.get("text", "") or output.get("data", {}).get("text/plain", ""))
+            for m in _TINY.finditer(text):
+                if 0 < float(m.group(1)) < 1e-8 and not _AS_BOUND.search(text[: m.start()]):
+                    found.append(
+                        f"{lab.name}, cell {i}: ...{text[max(0, m.start() - 60) : m.end()]}"
+                    )
+    return found
+
+
+def test_no_checked_lab_output_prints_rounding_noise(tmp_path: pathlib.Path):
+    """nbval compares the stored outputs of checked cells on whatever processor runs it (Intel, AMD, a
+    GPU): one that prints a rounding error (``largest difference 4e-16``, ``7e-16`` on another machine)
+    fails there. Planted in a copy of a lab, such a number is found; printed as a bound, it is not."""
+    noisy = [
+        hit
+        for lab in sorted((ROOT / "notebooks").glob("*.ipynb"))
+        for hit in rounding_noise_in_checked_outputs(lab)
+    ]
+    assert noisy == [], "print these as a bound (tc.checks.bound):\n" + "\n".join(noisy)
+
+    lab = json.loads((ROOT / "notebooks" / "00_notation.ipynb").read_text())
+    planted = {
+        "cell_type": "code",
+        "execution_count": 1,
+        "id": "planted",
+        "metadata": {},
+        "outputs": [],
+        "source": ["# NBVAL_CHECK_OUTPUT\n"],
+    }
+    for text, caught in [
+        ("largest difference 4e-16.\n", True),
+        ("error 2.5e-12\n", True),
+        ("largest difference below 1e-12.\n", False),
+        ("max |Δ| < 1e-12: True\n", False),
+        ("loss 1.9e-3, lr 3e-4\n", False),
+    ]:
+        cell = dict(planted, outputs=[{"name": "stdout", "output_type": "stream", "text": [text]}])
+        path = tmp_path / "lab.ipynb"
+        path.write_text(json.dumps(dict(lab, cells=lab["cells"] + [cell])))
+        assert bool(rounding_noise_in_checked_outputs(path)) == caught, text
+
+
 def test_every_chapter_has_one_name_for_page_lab_exercises_tests_and_module():
     import importlib
 

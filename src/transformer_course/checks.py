@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CheckFailed", "Mistake", "Verdict", "verify"]
+__all__ = ["CheckFailed", "Mistake", "Verdict", "bound", "verify"]
 
 RELATIONS = ("==", "<=", ">=", "<", ">")
 
@@ -220,3 +220,16 @@ def _fmt(x: float | None) -> str:
     if x == 0 or math.isnan(x) or math.isinf(x):
         return f"{x:g}"
     return f"{x:.2g}" if abs(x) >= 1e-3 and abs(x) < 1e4 else f"{x:.1e}"
+
+
+def bound(x: float, floor: float = 1e-12) -> str:
+    """A difference printed as a bound that does not depend on the machine: ``"below 1e-12"``.
+
+    Rounding errors differ between processors (4e-16 on one, 7e-16 on another), so a stored output that
+    printed them would change from machine to machine. The bound is the power of ten two orders above
+    ``x``, and never below ``floor``: 7e-16 and 4e-16 both read "below 1e-12", 3e-07 reads "below 1e-04".
+    """
+    if math.isnan(x) or math.isinf(x):
+        return f"{x:g}"
+    exponent = math.ceil(math.log10(x)) + 2 if x > 0 else -math.inf
+    return f"below {max(10.0**exponent, floor):.0e}"

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checks import bound
 from ..language_models import GPT as PackageGPT
 from ..language_models import GPTConfig, LMRecipe
 from ..language_models import generate as package_generate
@@ -483,7 +484,7 @@ class CapstoneExercise(ClassExercise):
     passed: str = "matches the package"
 
     def _check_answer(self, answer: Any) -> Any:
-        cases, worst = self.cases(), 0.0
+        cases, worst, floating = self.cases(), 0.0, False
         for case in cases:
             where = f" [{self.describe(case)}]"
             try:
@@ -493,6 +494,7 @@ class CapstoneExercise(ClassExercise):
             expected = self.expected(case) if self.expected else self.observe(self.solution, case)
             if not isinstance(got, BaseException) and _same(got, expected, self.atol, self.rtol):
                 worst = max(worst, _max_error(got, expected))
+                floating |= any(v.is_floating_point() for v in expected.values())
                 continue
             why = self._which_mistake(got, case)
             if why is not None:
@@ -505,7 +507,7 @@ class CapstoneExercise(ClassExercise):
                 hint = str(verdict)
             hint = hint if isinstance(hint, str) else _difference(got, expected, self.atol)
             return self._feedback("incorrect", f"{hint}{where}")
-        detail = f" (largest difference {worst:.1g})" if worst > 0 else ""
+        detail = f" (largest difference {bound(worst)})" if floating else ""
         n = len(cases)
         return self._feedback("correct", f"{self.passed} on {n} case{'s' * (n != 1)}{detail}.")
 
