@@ -32,6 +32,10 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 
 from course_book import execution_cache_path  # noqa: E402
 
+# tc.checks.VERDICT_LOG_ENV and tc.runtime.RUN_STORE_ENV, named here without importing torch
+VERDICT_LOG_ENV = "TRANSFORMER_COURSE_VERDICTS"
+RUN_STORE_ENV = "TRANSFORMER_COURSE_RUN_STORE"
+
 # The pages that take longest (measured 28 to 90 s each on one thread of a 2-core machine, every other
 # page under 13 s): they start first, so that no long page starts last. The pages whose runs labs
 # reuse in ``make test`` (vision, masked, encoder_decoder) come before the other long ones.
@@ -41,7 +45,13 @@ SLOW_FIRST = ["language_models", "vision", "masked", "encoder_decoder", "trainin
 def pages() -> list[pathlib.Path]:
     """The pages of the table of contents that are executed (MyST notebooks; labs are not)."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
+
+    def walk(entries):
+        for entry in entries:
+            yield entry["file"]
+            yield from walk(entry.get("sections", []))
+
+    files = [toc["root"], *walk(c for part in toc["parts"] for c in part["chapters"])]
     found = [ROOT / f"{f}.md" for f in files if (ROOT / f"{f}.md").exists()]
     return [p for p in found if "kernelspec:" in p.read_text().split("\n---", 1)[0]]
 
@@ -57,10 +67,19 @@ def _read(path: pathlib.Path):
     return reader, reader.read(text)
 
 
-def _execute(path: str, notebook: str, timeout: int) -> tuple[str, float, str | None]:
-    """Run one page in a kernel started in its folder (as the build does); returns the executed
-    notebook, the seconds and the error (``None`` when every cell ran)."""
+def verdict_log(path_output: pathlib.Path, page: pathlib.Path) -> pathlib.Path:
+    """Where a page's checks write their verdicts, one JSON line each (tc.checks.VERDICT_LOG_ENV)."""
+    return path_output / "_build" / "verdicts" / f"{page.stem}.jsonl"
+
+
+def _execute(path: str, notebook: str, timeout: int, log: str) -> tuple[str, float, str | None]:
+    """Run one page in a kernel started in its folder (as the build does), its verdicts written to
+    ``log``; returns the executed notebook, the seconds and the error (``None`` when every cell ran)."""
     from jupyter_cache.executors.utils import single_nb_execution
+
+    pathlib.Path(log).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(log).unlink(missing_ok=True)
+    os.environ[VERDICT_LOG_ENV] = log  # the page's kernel inherits it
 
     nb = nbformat.reads(notebook, as_version=4)
     result = single_nb_execution(
@@ -80,7 +99,11 @@ def execute_pages(path_output: pathlib.Path, jobs: int, timeout: int = 600) -> i
     cache = get_cache(str(execution_cache_path(ROOT, path_output / "_build", inputs)))
     todo, every = [], pages()
     order = {name: i for i, name in enumerate(SLOW_FIRST)}
-    for path in sorted(every, key=lambda p: (order.get(p.stem, len(order)), p.name)):
+    # a chapter's Going deeper page reuses the chapter's training runs: it starts after the others
+    last = {p.stem: 1 for p in every if p.stem.endswith("_deeper")}
+    for path in sorted(
+        every, key=lambda p: (last.get(p.stem, 0), order.get(p.stem, len(order)), p.name)
+    ):
         reader, nb = _read(path)
         try:
             cache.match_cache_notebook(nb)
@@ -90,7 +113,13 @@ def execute_pages(path_output: pathlib.Path, jobs: int, timeout: int = 600) -> i
     failed, start = 0, time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
         futures = {
-            pool.submit(_execute, str(path), nbformat.writes(nb), timeout): (path, reader)
+            pool.submit(
+                _execute,
+                str(path),
+                nbformat.writes(nb),
+                timeout,
+                str(verdict_log(path_output, path)),
+            ): (path, reader)
             for path, reader, nb in todo
         }
         for future in concurrent.futures.as_completed(futures):
@@ -124,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     path_output = args.path_output.resolve()
+    # A chapter and its Going deeper page make the same seeded training runs (tc.runtime.reusable_run):
+    # each trains once per state of the package, kept under _build (make test sets its own store).
+    os.environ.setdefault(RUN_STORE_ENV, str(path_output / "_build" / "run-store"))
     if execute_pages(path_output, args.jobs):
         print("some pages failed: the build runs them again and names the failing cell")
     build = [

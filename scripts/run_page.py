@@ -24,12 +24,14 @@ from pages import code_cells, core_path_estimate
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("page", type=pathlib.Path)
-    parser.add_argument("--minutes", action="store_true", help="only estimate the core path")
+    parser.add_argument("--minutes", action="store_true", help="only estimate the reading time")
     parser.add_argument("--verbose", action="store_true", help="show each cell's output")
     args = parser.parse_args()
     page = args.page.resolve()
     minutes, words, code = core_path_estimate(page)
     print(f"core path (estimate): {minutes:.1f} min = {words} words / 200 + {code} code lines / 20")
+    minutes, words, code = core_path_estimate(page, whole=True)
+    print(f"whole page (estimate): {minutes:.1f} min = {words} words / 200 + {code} code lines / 20")
     if args.minutes:
         return 0
     os.environ.setdefault("MPLBACKEND", "Agg")

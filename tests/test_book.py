@@ -45,11 +45,10 @@ def test_strict_build_succeeds_without_warnings(built_book_log: str):
 
 
 def test_every_toc_page_is_built(html: pathlib.Path):
-    import yaml
 
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
-    for f in files:
+    from pages import toc_pages
+
+    for f in toc_pages():
         assert (html / f"{f}.html").exists(), f
 
 
@@ -240,3 +239,84 @@ def test_every_figure_of_a_chapter_or_lab_says_what_it_shows(html: pathlib.Path)
             if bad or (src and alt.group(1) == src.group(1)):
                 bare.append(f"{page.parent.name}/{page.name}: {tag[:120]}")
     assert bare == [], bare[:5]
+
+
+def verdict_problems(log: pathlib.Path) -> tuple[int, list[str]]:
+    """(verdicts, problems) of one page's verdict log (one JSON line per ``verify`` call, written by
+    the build; ``tc.checks.VERDICT_LOG_ENV``): a variant rejected by raising, by its shape or by a
+    non-finite value that its ``Mistake`` does not declare, a refused variant, or a claim too long for
+    one line."""
+    import json
+
+    from transformer_course.checks import MAX_CLAIM
+
+    problems, n = [], 0
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        if "refused" in record:
+            problems.append(f"{log.stem}: refused: {record['refused']}")
+            continue
+        n += 1
+        if len(record["claim"]) > MAX_CLAIM:
+            problems.append(f"{log.stem}: a claim of {len(record['claim'])} characters")
+        for r in record["rejected"]:
+            failed = re.match(r"raises|shape|overflows|gives NaN", r["how"])
+            if failed and not r["fails_by"]:
+                problems.append(
+                    f"{log.stem}: {record['claim']!r} rejects {r['why']!r} by {r['how']}"
+                )
+    return n, problems
+
+
+def test_every_check_the_build_ran_rejects_its_variants_by_what_they_compute(
+    html: pathlib.Path, tmp_path: pathlib.Path
+):
+    """Every verdict of every executed page is in the build's verdict log (``_build/verdicts``): each
+    page that calls ``verify`` logged its checks, and no wrong variant was rejected only because it
+    raised, changed shape or overflowed, unless its ``Mistake`` declares that failure as the point. A
+    planted log with such a rejection, and one with a refused variant, fail."""
+    import json
+    import os
+
+    from pages import toc_pages
+
+    logs = html.parent / "verdicts"
+    if not logs.is_dir():
+        if os.environ.get("COURSE_BOOK_BUILD"):
+            pytest.fail(
+                f"no verdict logs in {logs}: the book was not built by scripts/build_book.py"
+            )
+        pytest.skip("the book was built by jupyter-book alone, which writes no verdict log")
+    problems, total = [], 0
+    for doc in toc_pages():
+        page = ROOT / f"{doc}.md"
+        if not page.exists() or "verify(" not in page.read_text():
+            continue
+        log = logs / f"{page.stem}.jsonl"
+        assert log.exists(), f"{doc} calls verify but wrote no verdict log"
+        n, found = verdict_problems(log)
+        assert n > 0, f"{doc}: an empty verdict log"
+        problems += found
+        total += n
+    assert not problems, "\n".join(problems)
+    assert total >= 400, total
+
+    planted = tmp_path / "planted.jsonl"
+    shape = {
+        "why": "heads stacked along the tokens",
+        "how": "shape (4, 2) instead of (2, 4), as it should",
+    }
+    for record, caught in [
+        ({"claim": "c", "rejected": [dict(shape, fails_by=None)]}, True),
+        ({"claim": "c", "rejected": [dict(shape, fails_by="shape")]}, False),
+        ({"refused": "the wrong variant 'x' of 'c' is a literal constant"}, True),
+        (
+            {
+                "claim": "c" * 100,
+                "rejected": [{"why": "x", "how": "misses by 0.5", "fails_by": None}],
+            },
+            True,
+        ),
+    ]:
+        planted.write_text(json.dumps(record) + "\n")
+        assert bool(verdict_problems(planted)[1]) == caught, record
