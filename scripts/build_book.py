@@ -36,10 +36,19 @@ from course_book import execution_cache_path  # noqa: E402
 VERDICT_LOG_ENV = "TRANSFORMER_COURSE_VERDICTS"
 RUN_STORE_ENV = "TRANSFORMER_COURSE_RUN_STORE"
 
-# The pages that take longest (measured 28 to 90 s each on one thread of a 2-core machine, every other
-# page under 13 s): they start first, so that no long page starts last. The pages whose runs labs
-# reuse in ``make test`` (vision, masked, encoder_decoder) come before the other long ones.
-SLOW_FIRST = ["language_models", "vision", "masked", "encoder_decoder", "training", "extensions"]
+# The pages that take longest start first, so that no long page starts last: the Going deeper pages that
+# train their own models (training, extensions), then the chapters whose runs their labs and deeper pages
+# reuse in ``make test`` (language_models, masked, encoder_decoder, vision). Other deeper pages reuse a
+# chapter's run, so they start after every chapter.
+SLOW_FIRST = [
+    "training_deeper",
+    "extensions_deeper",
+    "language_models",
+    "masked",
+    "encoder_decoder",
+    "vision",
+    "claims_deeper",
+]
 
 
 def pages() -> list[pathlib.Path]:
@@ -99,11 +108,13 @@ def execute_pages(path_output: pathlib.Path, jobs: int, timeout: int = 600) -> i
     cache = get_cache(str(execution_cache_path(ROOT, path_output / "_build", inputs)))
     todo, every = [], pages()
     order = {name: i for i, name in enumerate(SLOW_FIRST)}
-    # a chapter's Going deeper page reuses the chapter's training runs: it starts after the others
-    last = {p.stem: 1 for p in every if p.stem.endswith("_deeper")}
-    for path in sorted(
-        every, key=lambda p: (last.get(p.stem, 0), order.get(p.stem, len(order)), p.name)
-    ):
+
+    def rank(p: pathlib.Path) -> tuple:
+        if p.stem in order:
+            return (0, order[p.stem], "")
+        return (2 if p.stem.endswith("_deeper") else 1, 0, p.name)
+
+    for path in sorted(every, key=rank):
         reader, nb = _read(path)
         try:
             cache.match_cache_notebook(nb)

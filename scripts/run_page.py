@@ -31,7 +31,9 @@ def main() -> int:
     minutes, words, code = core_path_estimate(page)
     print(f"core path (estimate): {minutes:.1f} min = {words} words / 200 + {code} code lines / 20")
     minutes, words, code = core_path_estimate(page, whole=True)
-    print(f"whole page (estimate): {minutes:.1f} min = {words} words / 200 + {code} code lines / 20")
+    print(
+        f"whole page (estimate): {minutes:.1f} min = {words} words / 200 + {code} code lines / 20"
+    )
     if args.minutes:
         return 0
     os.environ.setdefault("MPLBACKEND", "Agg")

@@ -143,9 +143,9 @@ def core_path_estimate(page: pathlib.Path, whole: bool = False) -> tuple[float, 
             words += 10 * cell.source.count("verify(")
         else:
             code += sum(1 for line in cell.source.splitlines() if line.strip())
+    core = _DROPDOWN.sub("", core)  # folded: neither its prose nor a listing in it is read
     for inc in _INCLUDE.finditer(core):
         code += _pyobject_lines(page, inc.group(2), inc.group(3))
-    core = _DROPDOWN.sub("", core)
     core = _MATH.sub("", core)
     core = _ANY_FENCE.sub(
         lambda f: (
@@ -156,6 +156,7 @@ def core_path_estimate(page: pathlib.Path, whole: bool = False) -> tuple[float, 
     core = re.sub(r"\$\$.*?\$\$", " ", core, flags=re.S)
     core = re.sub(r"\$[^$\n]+\$", " x ", core)
     core = re.sub(r"\{[\w:-]+\}`([^`<]*)(<[^>]*>)?`", r"\1", core)
-    core = re.sub(r"^\(.*\)=$|^:[\w-]+:.*$|<!--.*?-->", " ", core, flags=re.M | re.S)
+    core = re.sub(r"<!--.*?-->", " ", core, flags=re.S)
+    core = re.sub(r"^\(.*\)=$|^:[\w-]+:.*$", " ", core, flags=re.M)  # labels, directive options
     words += len(re.findall(r"[A-Za-z0-9][\w'’-]*", core))
     return words / WORDS_PER_MINUTE + code / CODE_LINES_PER_MINUTE, words, code

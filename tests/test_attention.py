@@ -131,6 +131,20 @@ def test_moving_average_rows_and_paddings():
         assert constraint_violations(A) == []  # valid attention weights
 
 
+@pytest.mark.parametrize(
+    "kernel",
+    [[-1.0, 0.0, 1.0], [-0.5, 2.0, -0.5], [0.5, 0.5, 0.5], [0.2, 0.3]],
+    ids=["difference", "sharpen (sums to one)", "sums to 1.5", "sums to 0.5"],
+)
+@pytest.mark.parametrize("padding", attention.PADDINGS)
+def test_only_averaging_kernels_give_attention_weights(kernel, padding):
+    """The module docstring: for a kernel no longer than the sequence (J <= N, here N = 6), a
+    convolution's matrix is a valid matrix of attention weights only for a kernel with non-negative
+    taps summing to one, whatever the padding."""
+    A = convolution_as_attention(torch.tensor(kernel, dtype=torch.float64), 6, padding)
+    assert constraint_violations(A)
+
+
 def test_toeplitz_rows_sum_to_one_only_when_circulant(gen):
     # Row n minus row n-1 of a Toeplitz matrix is a_{-n} - a_{N-n}: all rows sum to one exactly when
     # the taps repeat with period N, i.e. the matrix is circulant.
@@ -139,10 +153,35 @@ def test_toeplitz_rows_sum_to_one_only_when_circulant(gen):
     full = torch.cat([c[1:], c])  # 2N-1 taps a_{-(N-1)} .. a_{N-1} with a_j = c_{j mod N}
     A = convolution_as_attention(full, N)
     assert constraint_violations(A) == []
+    assert full.sum() > 1.01  # J = 2N - 1 > N: valid although the taps do not sum to one
     torch.testing.assert_close(A, convolution_as_attention(c.roll((N - 1) // 2), N, "circular"))
     broken = full.clone()
     broken[0] += 0.1  # a_{-(N-1)} no longer equals a_1
     assert constraint_violations(convolution_as_attention(broken, N))
+
+
+@pytest.mark.parametrize(("J", "N"), [(1, 4), (2, 5), (3, 3), (3, 7), (4, 6), (5, 5)])
+def test_zero_padding_keeps_only_the_identity_valid(J, N, gen):
+    """The module docstring: with zero padding and J <= N, the only kernel whose matrix is valid
+    attention is the identity's, a single tap 1 at the centre; an averaging kernel is not enough."""
+    j0 = (J - 1) // 2
+    identity = torch.zeros(J, dtype=torch.float64)
+    identity[j0] = 1.0
+    assert torch.equal(convolution_as_attention(identity, N), torch.eye(N, dtype=torch.float64))
+    for _ in range(50):  # averaging kernels with mass off the centre
+        kernel = torch.softmax(3 * torch.randn(J, generator=gen, dtype=torch.float64), 0)
+        if J > 1:
+            assert constraint_violations(convolution_as_attention(kernel, N))
+        for padding in ("circular", "replicate"):  # wrapping or repeating the ends restores them
+            assert constraint_violations(convolution_as_attention(kernel, N, padding)) == []
+
+
+def test_softmax_weights_underflow_to_zero_in_floating_point():
+    """The chapter: a softmax weight is positive in exact arithmetic, but it is exactly 0 once its
+    score trails the row's largest by more than about 104 in float32 (745 in float64)."""
+    for dtype, below, beyond in [(torch.float32, 103.0, 104.5), (torch.float64, 744.0, 746.0)]:
+        assert torch.softmax(torch.tensor([0.0, -below], dtype=dtype), 0)[1] > 0
+        assert torch.softmax(torch.tensor([0.0, -beyond], dtype=dtype), 0)[1] == 0
 
 
 def test_follows_kernel_dtype_device_and_gradient():
@@ -271,6 +310,30 @@ def test_convolution_matrix_agrees_with_the_package():
         torch.testing.assert_close(
             ex.solution(kernel, N), attention.convolution_as_attention(kernel, N), atol=0, rtol=0
         )
+
+
+@pytest.mark.parametrize("J", [3, 4, 5])
+def test_flipped_kernel_feedback_names_the_matrix_it_diagnoses(J, gen):
+    """The checker's message for a flipped kernel, A[n, m] = kernel[J - 1 - (m - n + j0)], is the
+    matrix its mistake computes, for odd and even J (for an odd J it is kernel[n - m + j0])."""
+    ex = tc.exercises._get("attention.convolution_matrix")
+    flipped = next(m for m in ex.mistakes if "flipped" in m.why)
+    assert "kernel[J - 1 - (m - n + j0)]" in flipped.why
+    kernel, N, j0 = torch.randn(J, generator=gen, dtype=torch.float64), 7, (J - 1) // 2
+    by_message = torch.zeros(N, N, dtype=torch.float64)
+    for n in range(N):
+        for m in range(N):
+            if 0 <= m - n + j0 < J:
+                by_message[n, m] = kernel[J - 1 - (m - n + j0)]
+    assert torch.equal(flipped.wrong(kernel, N), by_message)
+    mirrored = torch.tensor(
+        [
+            [float(kernel[n - m + j0]) if 0 <= n - m + j0 < J else 0.0 for m in range(N)]
+            for n in range(N)
+        ],
+        dtype=torch.float64,
+    )
+    assert torch.equal(mirrored, by_message) == (J % 2 == 1)
 
 
 def test_contraction_coefficient_by_loop_and_bound(gen):

@@ -203,6 +203,18 @@ def test_layer_norm_inputs_make_eps_visible():
     assert (dramko - eb.layer_norm(X, gamma, beta, eps)).abs().max() > 1e-3
 
 
+def test_cnn_style_layer_norm_over_tokens_and_features_is_named():
+    """Turner's fig. 6: a CNN's 'LayerNorm' also averages over positions, here the tokens."""
+
+    def whole_sequence(X, gamma, beta, eps):
+        mu = X.mean(dim=(-2, -1), keepdim=True)
+        var = X.var(dim=(-2, -1), unbiased=False, keepdim=True)
+        return gamma * (X - mu) / torch.sqrt(var + eps) + beta
+
+    feedback = tc.exercises.check("block.layer_norm", whole_sequence)
+    assert feedback.status == "incorrect" and "tokens and features together" in feedback.message
+
+
 def test_torch_layernorm_module_is_accepted():
     def with_torch(X, gamma, beta, eps):
         ln = nn.LayerNorm(X.shape[-1], eps=eps).double()

@@ -192,16 +192,21 @@ def test_every_labelled_equation_links_to_its_index_entry(html: pathlib.Path):
 
 
 def test_code_shows_equation_numbers_not_labels(html: pathlib.Path):
-    """``(eq-label)`` in code cells, outputs and literal includes is shown as the reader's number."""
+    """``(eq-label)`` in code cells, outputs (the checks' verdicts) and literal includes is shown as
+    the reader's number; a verdict shows its one line, with its detail folded under it."""
     raw = {}
     for page in (html / "book").glob("*.html"):
-        blocks = re.findall(r'<div class="highlight">(.*?)</div>', page.read_text(), flags=re.S)
+        text = page.read_text()
+        blocks = re.findall(r'<div class="highlight">(.*?)</div>', text, flags=re.S)
+        blocks += re.findall(r'<details class="tc-verdict">(.*?)</details>', text, flags=re.S)
         hits = [m for b in blocks for m in re.findall(r"\(eq-[\w-]+\)", re.sub(r"<[^>]+>", "", b))]
         if hits:
             raw[page.stem] = hits[:3]
     assert not raw, f"raw equation labels in code: {raw}"
     self_attention = (html / "book" / "self_attention.html").read_text()
-    assert re.search(r"✓ \(3\.\d+\) ", self_attention), "no verdict line with a (3.n) number"
+    assert re.search(r"<summary>✓ \(3\.\d+\) ", self_attention), (
+        "no verdict line with a (3.n) number"
+    )
 
 
 def test_every_interactive_figure_has_alt_text_and_a_browser_test(html: pathlib.Path):

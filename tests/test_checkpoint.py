@@ -243,12 +243,13 @@ def test_train_char_lm_resumes_bit_for_bit(tmp_path, monkeypatch):
     except FileNotFoundError:
         pytest.skip("no local copy of tiny-shakespeare (set TRANSFORMER_COURSE_DATA)")
     from transformer_course import language_models as lm
+    from transformer_course.language_models import recipe as lm_recipe  # where train_char_lm draws
 
     R = tc.training.INSTABILITY_RECIPE
     R = dataclasses.replace(R, model=dataclasses.replace(R.model, dropout=0.1), eval_batches=2)
     R = R.with_train(max_steps=12, warmup_steps=6, eval_interval=6)
     full = lm.train_char_lm(R, seed=3)
-    real_get_batch, calls = lm.get_batch, [0]
+    real_get_batch, calls = lm_recipe.get_batch, [0]
 
     def dies(*args, **kwargs):  # 2 evaluation batches, then training batches; dies at step 8
         calls[0] += 1
@@ -256,7 +257,7 @@ def test_train_char_lm_resumes_bit_for_bit(tmp_path, monkeypatch):
             raise Crash
         return real_get_batch(*args, **kwargs)
 
-    monkeypatch.setattr(lm, "get_batch", dies)
+    monkeypatch.setattr(lm_recipe, "get_batch", dies)
     path = tmp_path / "lm.pt"
     with pytest.raises(Crash):
         lm.train_char_lm(R, seed=3, checkpoint_path=path, checkpoint_every=4)

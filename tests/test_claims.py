@@ -79,6 +79,24 @@ def test_paired_t_interval_equals_scipy(n):
     assert (low, high) == pytest.approx((ci.low, ci.high), abs=1e-10)  # old SciPy: ~3e-12
 
 
+@pytest.mark.parametrize("n", [3, 5, 9])
+def test_width_ratio_equals_scipys_two_intervals(n):
+    g = torch.Generator().manual_seed(10 + n)
+    for shared in (0.0, 0.1, 0.3):  # how much seed-to-seed variation the arms share
+        common = shared * torch.randn(n, generator=g, dtype=torch.float64)
+        x = 2 + common + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)
+        y = 2.05 + common + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)
+        w = lambda ci: ci.high - ci.low  # noqa: E731
+        expected = w(stats.ttest_rel(y.numpy(), x.numpy()).confidence_interval()) / w(
+            stats.ttest_ind(y.numpy(), x.numpy()).confidence_interval()
+        )
+        assert cl.width_ratio(x, y) == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(ValueError, match="neither sample varies"):
+        cl.width_ratio([1.0, 1.0], [2.0, 2.0])
+    with pytest.raises(ValueError, match="two or more pairs"):
+        cl.width_ratio([1.0], [2.0])
+
+
 def test_paired_t_interval_rejects_bad_samples():
     with pytest.raises(ValueError, match="at least 2 pairs"):
         cl.paired_t_interval([1.0], [2.0])
@@ -482,19 +500,63 @@ def test_each_arm_is_compared_at_its_own_best_rate():
         8e-3: _at(8e-3, {"a": [1.8, 1.9, 2.0], "b": [2.1, 2.2, 2.3]}),
         1.6e-2: _at(1.6e-2, {"a": [1.7, None, 1.6], "b": [2.5, 2.6, 2.7]}),  # a diverged at 1.6e-2
     }
-    assert cl.best_rates(grid) == {
+    assert cl.best_rates(grid, select="val_loss") == {
         "a": 8e-3,
         "b": 4e-3,
     }  # a's best mean is at 1.6e-2, but a seed diverged
-    c = cl.at_best_rates(grid, "b", "a")
+    c = cl.at_best_rates(grid, "b", "a", select="val_loss")
     assert c.diffs == pytest.approx((1.9 - 1.8, 2.0 - 1.9, 2.0 - 2.0))
     assert (c.variant, c.baseline) == ("b", "a")
     same_rate = grid[8e-3].compare("b", "a")  # what a single rate would have said: b worse
     assert same_rate.mean == pytest.approx(0.3) and c.mean == pytest.approx(0.2 / 3)
     with pytest.raises(KeyError, match="not recorded at every rate"):
-        cl.at_best_rates(grid, "c", "a")
+        cl.at_best_rates(grid, "c", "a", select="val_loss")
     with pytest.raises(ValueError, match="empty"):
         cl.best_rates({})
+
+
+def test_leave_one_seed_out_chooses_each_seeds_rate_without_its_own_runs():
+    """Seed 0 of "b" is lucky at 4e-3: chosen on all seeds, 4e-3 wins and seed 0 is compared at its
+    lucky figure; chosen without seed 0, 8e-3 wins for it, while seeds 1 and 2 keep 4e-3."""
+    grid = {
+        4e-3: _at(4e-3, {"a": [2.0, 2.0, 2.0], "b": [1.0, 2.0, 2.0]}),
+        8e-3: _at(8e-3, {"a": [2.1, 2.1, 2.1], "b": [1.8, 1.8, 1.8]}),
+    }
+    assert cl.best_rates(grid, "val_loss") == {"a": 4e-3, "b": 4e-3}
+    assert cl.best_rates(grid, "val_loss", leave_out=0) == {"a": 4e-3, "b": 8e-3}
+    assert cl.best_rates(grid, "val_loss", leave_out=1) == {"a": 4e-3, "b": 4e-3}
+    every = cl.at_best_rates(grid, "b", "a", select="val_loss")
+    loso = cl.at_best_rates(grid, "b", "a", select="val_loss", leave_one_out=True)
+    assert every.diffs == pytest.approx((-1.0, 0.0, 0.0))
+    assert loso.diffs == pytest.approx((1.8 - 2.0, 0.0, 0.0))
+    assert loso.seeds == every.seeds == (0, 1, 2)
+
+
+def test_rates_are_chosen_on_another_figure_than_the_one_compared():
+    """By default an arm's rate is chosen on the training loss of its last stretch (or, for the
+    length claim, on the loss inside the training length), never on the compared figure: here the
+    held-out loss would pick 4e-3 for "b" by the luck of its runs, the training loss picks 8e-3."""
+
+    def at(lr, held_out, trained, metric="val_loss", extra_key=None):
+        runs = [cl.Run("b", s, x, curve=[3.0, t], extra={extra_key: t} if extra_key else {})
+                for s, (x, t) in enumerate(zip(held_out, trained, strict=True))]  # fmt: skip
+        return cl.ClaimResult("x", "large", metric, "b", ["b"], runs, recipe={"train": {"lr": lr}})
+
+    grid = {4e-3: at(4e-3, [2.0, 2.0], [2.3, 2.3]), 8e-3: at(8e-3, [2.1, 2.1], [2.2, 2.2])}
+    assert grid[4e-3].selection == "train_loss_final"
+    assert grid[4e-3].runs[0].get("train_loss_final") == 2.3  # the curve's last stretch
+    assert cl.best_rates(grid) == {"b": 8e-3}
+    assert cl.best_rates(grid, select="val_loss") == {"b": 4e-3}
+    length = {lr: at(lr, [3.0 - lr, 3.0 - lr], [2.0 + lr, 2.0 + lr], "loss_beyond", "loss_in_range")
+              for lr in (4e-3, 8e-3)}  # fmt: skip
+    for r in length.values():  # the figure beyond the length is loss_beyond, an extra figure
+        for run in r.runs:
+            run.extra["loss_beyond"] = run.val_loss
+    assert length[4e-3].selection == "loss_in_range"
+    assert cl.best_rates(length) == {"b": 4e-3}  # lowest loss inside the length
+    assert cl.best_rates(length, select="loss_beyond") == {"b": 8e-3}
+    diverged = cl.Run("b", 0, None, diverged_at=3, curve=[3.0, 2.0])
+    assert diverged.get("train_loss_final") is None
 
 
 def test_the_learning_rate_grid_is_read_from_the_recorded_files(tmp_path):

@@ -1,5 +1,5 @@
 """Chapter *Encoder-decoder*: cross-attention, the decoder, masking and padding, cached decoding, the
-recipe, the exercises."""
+recipe, beam search, the small exercises (the lab's model parts: ``test_encoder_decoder_lab.py``)."""
 
 from __future__ import annotations
 
@@ -196,10 +196,13 @@ def test_the_recipe_learns_dates():
 NAMES = [
     "encoder_decoder.shift_targets",
     "encoder_decoder.key_padding_mask",
-    "encoder_decoder.cross_attention",
+    "encoder_decoder.attention",
     "encoder_decoder.causal_padding_mask",
     "encoder_decoder.beam_scores",
-    "encoder_decoder.seq2seq",
+    "encoder_decoder.decoder_block",
+    "encoder_decoder.decode",
+    "encoder_decoder.train_step",
+    "encoder_decoder.greedy_decode",
 ]
 
 
@@ -258,18 +261,73 @@ def test_key_padding_mask_is_the_mask_the_encoder_uses():
         )
 
 
-def test_cross_attention_solution_equals_the_package_module():
-    g = torch.Generator().manual_seed(3)
-    B, N, M, D, H = 2, 5, 7, 8, 2
-    X = torch.randn(B, N, D, generator=g, dtype=torch.float64)
-    memory = torch.randn(B, M, D, generator=g, dtype=torch.float64)
-    cross = CrossAttention(D, H, bias=False).double()
-    W = cross.weights
-    ours = ee.cross_attention(X, memory, W["W_q"], W["W_k"], W["W_v"], W["W_o"], H)
-    with torch.no_grad():
-        torch.testing.assert_close(ours, cross(X, cross.memory_kv(memory)), atol=1e-12, rtol=0)
-        ref = multi_head_attention_reference(X, W["W_q"], W["W_k"], W["W_v"], W["W_o"], H, Z=memory)
-    torch.testing.assert_close(ours, ref, atol=1e-12, rtol=0)
+@pytest.mark.parametrize(
+    "name", ["encoder_decoder.key_padding_mask", "encoder_decoder.causal_padding_mask"]
+)
+def test_the_mask_exercises_mistakes_differ_from_the_solution_on_every_trial(name):
+    """As tests/test_exercises.py proves for plain exercises (the two mask exercises compare an answer
+    broadcast to the mask's shape, so that one skips them)."""
+    ex = tc.exercises._get(name)
+    for trial in range(ex.trials):
+        args = ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
+        expected = ex.solution(*args)
+        for mistake in ex.mistakes:
+            got = torch.as_tensor(mistake.wrong(*args)).to(expected.dtype)
+            assert got.shape != expected.shape or not torch.allclose(got, expected), mistake.why
+            assert tc.exercises.check(name, mistake.wrong).message.startswith(mistake.why)
+
+
+def test_the_key_mask_that_broadcasts_over_the_queries_is_accepted():
+    """``keep[:, None, :]``, (B, 1, M), is what the from-scratch file's encode builds: accepted; a mask
+    of the queries, (B, M, 1), broadcasts too but is named as the mistake it is."""
+    name = "encoder_decoder.key_padding_mask"
+    assert tc.exercises.check(name, lambda src, pad: (src != pad)[:, None, :])
+    feedback = tc.exercises.check(name, lambda src, pad: (src != pad)[:, :, None])
+    assert feedback.status == "incorrect" and "masked the queries" in feedback.message
+    feedback = tc.exercises.check(name, lambda src, pad: (src != pad)[:, None, None, :])
+    assert feedback.status == "incorrect" and "wrong shape" in feedback.message
+
+
+def test_a_shift_sliced_as_the_chapter_slices_is_explained():
+    """The chapter slices DateTask's targets, which begin with BOS; the exercise's y does not, and the
+    slices of y (one column short) are named, not reported as a bare shape error."""
+    feedback = tc.exercises.check(
+        "encoder_decoder.shift_targets", lambda y, bos: torch.stack([y[:, :-1], y[:, 1:]])
+    )
+    assert feedback.status == "incorrect" and "begin with BOS" in feedback.message
+
+
+def test_hiding_the_padded_queries_too_is_named_with_the_nan_it_causes():
+    def both(tokens, pad_id):
+        keep = tokens != pad_id
+        return ee.causal_padding_mask.__wrapped__(tokens, pad_id) & keep[:, :, None]
+
+    feedback = tc.exercises.check("encoder_decoder.causal_padding_mask", both)
+    assert feedback.status == "incorrect" and "NaN" in feedback.message
+
+
+@pytest.mark.parametrize(
+    ("where", "phrase"),
+    [
+        ("both", "both the sum and the length"),
+        ("length", "out of the length"),
+        ("sum", "of the sum"),
+    ],
+)
+def test_eos_left_out_of_the_sum_the_length_or_both_is_named_as_such(where, phrase):
+    feedback = tc.exercises.check(
+        "encoder_decoder.beam_scores", lambda t, lp, a: ee._score_without_eos(t, lp, a, where)
+    )
+    assert feedback.status == "incorrect" and phrase in feedback.message, feedback.message
+
+
+def test_the_mean_log_probability_is_named_not_left_as_a_difference():
+    def mean(tokens, log_probs, alpha):
+        real = tokens[:, 1:] != TASK.PAD
+        return (log_probs * real).sum(1) / real.sum(1)
+
+    feedback = tc.exercises.check("encoder_decoder.beam_scores", mean)
+    assert feedback.status == "incorrect" and "mean log-probability" in feedback.message
 
 
 def test_causal_padding_mask_is_what_multihead_attention_combines():
@@ -370,10 +428,6 @@ def test_greedy_decode_takes_the_argmax_at_every_step_and_pads_after_eos():
             assert out[b].tolist() == expected, b
 
 
-# ----------------------------------------------------------------------------------------------
-# The assembly exercise: the learner's Seq2Seq, checked with the package's weights loaded into it
-
-
 @pytest.fixture
 def one_thread():
     """Tiny models run fastest on one thread, most of all on a busy CPU (as the checker runs them)."""
@@ -381,135 +435,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def test_the_assembly_solution_is_the_package_model_with_its_weights(one_thread):
-    for config, src, tgt in ee._seq2seq_cases():
-        package = ee.package_seq2seq(config)
-        mine = ee.Seq2Seq(config).double().eval()
-        mine.load_state_dict(package.state_dict())  # strict: the same names and shapes
-        with torch.no_grad():
-            torch.testing.assert_close(
-                mine(src, tgt), package(src, tgt[:, :-1])[0], atol=1e-12, rtol=0
-            )
-        assert (src == TASK.PAD).any(), "the checker's sources must hold padding"
-    assert not (ee._seq2seq_cases()[1][1] == TASK.PAD).all(dim=1).any()
-
-
-def test_every_assembly_mistake_differs_from_the_solution_and_from_each_other(one_thread):
-    """On every case each wrong model's logits differ clearly from the right ones and from every other
-    wrong model's, so the checker names the mistake that was made, not another one."""
-    for config, src, tgt in ee._seq2seq_cases():
-        package = ee.package_seq2seq(config)
-        outs = {"solution": ee._logits(ee.Seq2Seq, package, src, tgt)}
-        outs |= {
-            m.wrong.__name__: ee._logits(m.wrong, package, src, tgt) for m in ee.SEQ2SEQ_MISTAKES
-        }
-        names = list(outs)
-        for i, a in enumerate(names):
-            for b in names[i + 1 :]:
-                x, y = outs[a], outs[b]
-                assert x.shape != y.shape or (x - y).abs().max() > 1e-3, (a, b)
-    assert len(ee.SEQ2SEQ_MISTAKES) >= 5
-
-
-def test_the_assembly_checker_leaves_the_rng_and_threads_alone():
-    threads = torch.get_num_threads()
-    torch.manual_seed(7)
-    expected = torch.rand(3)
-    torch.manual_seed(7)
-    assert tc.exercises.check("encoder_decoder.seq2seq", ee.Seq2Seq)
-    torch.testing.assert_close(torch.rand(3), expected)
-    assert torch.get_num_threads() == threads
-
-
-def test_the_assembly_checker_explains_what_no_single_mistake_does():
-    from torch import nn
-
-    from transformer_course.block import PostNormBlock, TransformerStack
-
-    def check(cls):
-        return tc.exercises.check("encoder_decoder.seq2seq", cls)
-
-    class Stub(nn.Module):
-        def __init__(self, config):
-            super().__init__()
-            raise NotImplementedError
-
-    class HeadWithBias(ee.Seq2Seq):
-        def __init__(self, config):
-            super().__init__(config)
-            self.head = nn.Linear(config.d_model, config.tgt_vocab)
-
-    class PostNormEncoder(ee.Seq2Seq):
-        def __init__(self, config):
-            super().__init__(config)
-            c = config
-            self.encoder = TransformerStack(PostNormBlock, c.n_encoder_layers, c.d_model, c.H)
-
-    class SwappedVocabularies(ee.Seq2Seq):
-        def __init__(self, config):
-            super().__init__(config)
-            self.src_emb = nn.Embedding(config.tgt_vocab, config.d_model)
-
-    class ReturnsLoss(ee.Seq2Seq):
-        def forward(self, src, tgt):
-            return super().forward(src, tgt), None
-
-    class ReLUEncoderOnly(ee.Seq2Seq):
-        def __init__(self, config):
-            super().__init__(config)
-            for block in self.encoder.blocks:
-                block.mlp.act = torch.relu
-
-    class ReLUDecoderOnly(ee.Seq2Seq):
-        def __init__(self, config):
-            super().__init__(config)
-            for block in self.decoder.blocks:
-                block.mlp.act = torch.relu
-
-    class TwoMistakes(ee._Assembly):  # no cross mask and no target positions
-        cross_mask, target_positions = False, False
-
-    class NotItself(ee.Seq2Seq):  # the encoder's mask also hides each token from itself
-        def forward(self, src, tgt):
-            M, N = src.shape[1], tgt.shape[1] - 1
-            keep = src != self.pad_id
-            mask = keep[:, None, :] & ~torch.eye(M, dtype=torch.bool)
-            memory = self.encoder(self.src_pos(self.src_emb(src)), mask)
-            X = self.tgt_pos(self.tgt_emb(tgt[:, :-1]))
-            X = self.decoder(X, self.decoder.memory_kv(memory), keep[:, None, :].expand(-1, N, -1))
-            return self.head(X)
-
-    class CausalMaskOnly(ee.Seq2Seq):
-        def forward(self, src, tgt):
-            M, N = src.shape[1], tgt.shape[1] - 1
-            keep = src != self.pad_id
-            causal = torch.ones(M, M, dtype=torch.bool).tril()
-            memory = self.encoder(self.src_pos(self.src_emb(src)), causal)
-            X = self.tgt_pos(self.tgt_emb(tgt[:, :-1]))
-            X = self.decoder(X, self.decoder.memory_kv(memory), keep[:, None, :].expand(-1, N, -1))
-            return self.head(X)
-
-    assert check(None).status == "not attempted"
-    assert check(Stub).status == "not attempted"
-    assert "not an instance" in check(ee.Seq2Seq(ee._seq2seq_cases()[0][0])).message
-    assert "has a bias" in check(HeadWithBias).message
-    assert "no final LayerNorm" in check(PostNormEncoder).message
-    fb = check(SwappedVocabularies)
-    assert "`src_emb.weight` has shape" in fb.message and "src_vocab for the source" in fb.message
-    assert "return the logits alone" in check(ReturnsLoss).message
-    assert "encoder's output differs" in check(ReLUEncoderOnly).message
-    assert "decoder blocks' output differs" in check(ReLUDecoderOnly).message
-    fb = check(TwoMistakes)
-    assert fb.status == "incorrect" and "decoder's input differs" in fb.message
-    assert "self-attention mask differs" in check(NotItself).message
-    # an encoder mask that is only causal equals a causal encoder with the padding mask: with the
-    # padding on the right, no real token has a padded key in its past
-    fb = check(CausalMaskOnly)
-    assert fb.status == "incorrect" and "your encoder is causal" in fb.message
-    fb = check(tc.encoder_decoder.Seq2Seq)  # the package's class returns (logits, loss)
-    assert fb.status == "incorrect" and "tuple" in fb.message
 
 
 # ----------------------------------------------------------------------------------------------

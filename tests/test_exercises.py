@@ -119,7 +119,9 @@ def test_generic_diagnoses():
 
 def test_rows_not_summing_to_one_and_wrong_axis_are_explained():
     name = "notation.turner_to_row_weights"
-    fb = check(name, lambda A_cols: A_cols)  # forgot to transpose: columns sum to one
+    fb = check(name, lambda A_cols: A_cols)  # forgot to transpose: the exercise names it
+    assert "Turner's matrix unchanged" in fb.message
+    fb = check(name, lambda A_cols: A_cols.flip(1))  # columns still sum to one, rows do not
     assert "columns sum to one but the rows do not" in fb.message
     fb = check(name, lambda A_cols: 2 * A_cols.T)
     assert "rows of attention weights must sum to one" in fb.message
@@ -180,3 +182,26 @@ def test_a_known_mistake_that_gives_nan_is_named_not_reported_as_nan():
         return masked_softmax(S) * float("nan")
 
     assert "NaN" in ex.check(other_nan).message
+
+
+def test_rows_that_are_not_attention_weights_are_named_by_what_they_are():
+    """The messages about rows that do not sum to one say what a row holds and what it runs over:
+    attention weights over the keys by default, a sampling distribution over the vocabulary for
+    lab 7's temperature and top-k exercises."""
+    ex = Exercise(
+        name="test.distribution",
+        prompt="",
+        solution=lambda z: torch.softmax(z, dim=-1),
+        make_inputs=lambda gen, trial: (torch.randn(3, 5, generator=gen, dtype=torch.float64),),
+        rows_sum_to_one=True,
+        rows_of="the sampling distribution",
+        row_axis="the vocabulary",
+    )
+    message = ex.check(lambda z: 2 * torch.softmax(z, dim=-1)).message
+    assert "rows of the sampling distribution must sum to one" in message
+    assert "attention" not in message
+    message = ex.check(lambda z: torch.softmax(z, dim=0)).message
+    assert "over the vocabulary" in message and "keys" not in message
+    default = Exercise(name="test.weights", prompt="", solution=ex.solution, make_inputs=ex.make_inputs,
+                       rows_sum_to_one=True)  # fmt: skip
+    assert "rows of attention weights" in default.check(lambda z: 2 * torch.softmax(z, -1)).message

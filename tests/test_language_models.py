@@ -4,6 +4,7 @@ incremental property, masks, checkpoints), the key-value cache, generation, the 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import math
 
@@ -37,6 +38,7 @@ from transformer_course.language_models import (
     window_start,
 )
 from transformer_course.notation import turner_attention
+from transformer_course.scratch import gpt as scratch
 from transformer_course.self_attention import attention_weights, causal_mask
 from transformer_course.tokens import CharTokenizer
 
@@ -140,6 +142,24 @@ def test_cache_writes_in_place_into_preallocated_buffers():
     assert len(cache) == 0 and torch.equal(cache.update(K2, V2)[0], K2)
     with pytest.raises(ValueError, match="capacity"):
         KVCache(0)
+
+
+def test_the_cache_lives_below_the_layers_that_take_it_and_every_public_name_resolves():
+    """``kv_cache.py`` is shared infrastructure: ``multihead.py`` and ``block.py`` import the cache from
+    it, never from this chapter's subpackage (one file per part), which re-exports every public name."""
+    import pathlib
+
+    assert KVCache is tc.kv_cache.KVCache is tc.language_models.KVCache
+    assert "Autoregressive language models" in tc.kv_cache.__doc__
+    src = pathlib.Path(tc.multihead.__file__).parent
+    for module in ("multihead.py", "block.py", "kv_cache.py"):
+        assert "language_models import" not in (src / module).read_text(), module
+    for name in tc.language_models.__all__:
+        assert getattr(tc.language_models, name).__module__.startswith("transformer_course."), name
+    sizes = {
+        p.name: len(p.read_text().splitlines()) for p in (src / "language_models").glob("*.py")
+    }
+    assert max(sizes.values()) < 600, sizes
 
 
 def test_cached_step_equals_the_full_forward(model):
@@ -370,6 +390,64 @@ def test_the_recipe_trains_a_model_that_beats_the_uniform_guess():
     assert run.history.steps_done == 30 and run.model.config.vocab_size == 65
     assert run.val_loss < math.log(65) - 0.5, run.history.evals
     assert run.history.evals["val_loss"] == [run.val_loss]  # eval_interval 400: only at the end
+
+
+def test_the_chapters_recipe_is_the_cpu_recipe_with_more_smaller_steps():
+    """``SHAKESPEARE_CHAPTER_RECIPE`` keeps the CPU recipe's model and optimiser and trains 500 steps
+    of 32 windows (the chapter's page runs in about 90 s of one CPU thread)."""
+    chapter, cpu = tc.language_models.SHAKESPEARE_CHAPTER_RECIPE, SHAKESPEARE_CPU_RECIPE
+    assert chapter.model == cpu.model and (chapter.train.max_steps, chapter.batch_size) == (500, 32)
+    same = ("lr", "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip")
+    assert all(getattr(chapter.train, k) == getattr(cpu.train, k) for k in same)
+    sig = inspect.signature(tc.language_models.train_scratch_gpt)
+    assert sig.parameters["recipe"].default is chapter
+
+
+def test_the_validation_loss_averages_fixed_batches_in_evaluation_mode():
+    torch.manual_seed(0)
+    model = scratch.GPT(TINY).train()
+    recipe = dataclasses.replace(SHAKESPEARE_CPU_RECIPE, model=TINY, batch_size=4, eval_batches=3)
+    ids = torch.randint(65, (500,), generator=torch.Generator().manual_seed(1))
+    held_out = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        by_hand = [
+            model.eval()(*tc.data.get_batch(ids, 32, 4, held_out))[1].item() for _ in range(3)
+        ]
+    model.train()
+    assert tc.language_models.validation_loss(model, ids, recipe) == pytest.approx(
+        sum(by_hand) / 3, abs=1e-12
+    )
+    assert model.training  # the mode is restored
+    assert tc.language_models.validation_loss(
+        model, ids, recipe
+    ) == tc.language_models.validation_loss(model, ids, recipe)  # the same windows every time
+
+
+def test_the_bigram_model_writes_from_its_table():
+    """``generate_bigram`` draws each token from the row of the one before: a table with one certain
+    successor per token gives the chain; a seeded draw repeats, and the frequencies follow a row."""
+    V = 5
+    successor = torch.tensor([2, 0, 4, 1, 3])
+    certain = torch.full((V, V), -1e9).scatter(1, successor[:, None], 0.0)  # log p_2
+    out = tc.language_models.generate_bigram(certain, torch.tensor([[0], [1]]), 6)
+    expected = [[0]]
+    for _ in range(6):
+        expected[0].append(int(successor[expected[0][-1]]))
+    assert out[0].tolist() == expected[0] and out.shape == (2, 7)
+    log_p2 = torch.log_softmax(torch.randn(V, V, generator=torch.Generator().manual_seed(0)), -1)
+    start = torch.full((20_000, 1), 3)
+    a = tc.language_models.generate_bigram(log_p2, start, 1, torch.Generator().manual_seed(4))
+    b = tc.language_models.generate_bigram(log_p2, start, 1, torch.Generator().manual_seed(4))
+    assert torch.equal(a, b)
+    freq = torch.bincount(a[:, 1], minlength=V) / 20_000
+    assert (freq - log_p2[3].exp()).abs().max() < 0.02
+
+
+def test_side_by_side_prints_columns_of_wrapped_lines():
+    text = tc.language_models.side_by_side({"left": "ab\ncd", "right": "x" * 12}, width=5)
+    lines = text.splitlines()
+    assert lines[0] == "left     right" and lines[1] == "-----    -----"
+    assert lines[2:] == ["ab       xxxxx", "cd       xxxxx", "         xx"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -217,7 +217,7 @@ def _registered(name: str) -> ex.Exercise:
     return ex._REGISTRY[name]
 
 
-@pytest.mark.parametrize("name", ["masked.corrupt", "masked.mlm_loss"])
+@pytest.mark.parametrize("name", ["masked.corrupt", "masked.mlm_loss", "masked.mae_loss"])
 def test_exercise_solution_passes_and_each_mistake_is_named(name):
     exercise = _registered(name)
     assert exercise.check(exercise.solution)

@@ -79,6 +79,36 @@ def test_decoder_places_kept_tokens_and_mask_tokens_at_their_patches():
             torch.testing.assert_close(Y[b, n], model.mask_token[0, 0])
 
 
+def test_decode_is_the_decoder_over_the_restored_tokens():
+    """eq-mae-dec-in and eq-mae-dec: each kept token mapped by W_dec at its patch, x_mask at every
+    hidden one, R_dec added, the decoder blocks, then W_pix and b_pix on every output token."""
+    torch.manual_seed(0)
+    model = MAE(SMALL).double().eval()
+    B, N, D, Dd = 3, 16, SMALL.encoder.d_model, SMALL.decoder_d_model
+    pm = random_patch_mask(B, N, 0.75, torch.Generator().manual_seed(4))
+    Z = torch.randn(B, 4, D, dtype=torch.float64)
+    Y = torch.empty(B, N, Dd, dtype=torch.float64)
+    for b in range(B):
+        for n in range(N):
+            Y[b, n] = model.mask_token[0, 0]
+        for j, n in enumerate(pm.keep[b].tolist()):
+            Y[b, n] = model.to_decoder.weight @ Z[b, j] + model.to_decoder.bias
+    with torch.no_grad():
+        out = model.decoder(Y + model.decoder_pos)
+        expected = torch.stack(
+            [
+                torch.stack(
+                    [model.to_pixels.weight @ out[b, n] + model.to_pixels.bias for n in range(N)]
+                )
+                for b in range(B)
+            ]
+        )
+        torch.testing.assert_close(model.decode(Z, pm.restore), expected, atol=1e-12, rtol=0)
+        unshuffled = torch.cat([model.to_decoder(Z), model.mask_token.expand(B, N - 4, Dd)], 1)
+        wrong = model.to_pixels(model.decoder(unshuffled + model.decoder_pos))
+        assert (wrong - expected).abs().max() > 1e-3  # the restore step matters
+
+
 def test_encoder_never_reads_masked_patches():
     torch.manual_seed(0)
     model = MAE(SMALL).eval()
@@ -128,12 +158,21 @@ def test_model_loss_ignores_visible_predictions():
 
 
 def test_normalised_targets():
+    """He et al.'s normalised pixels: each patch minus its mean, over sqrt(unbiased variance + 1e-6)."""
     images = torch.rand(2, 1, 8, 8, dtype=torch.float64)
     t = patch_targets(images, 2, normalize=True)
     p = patchify(images, 2)
-    var = p.var(-1, unbiased=False, keepdim=True)
-    loop = (p - p.mean(-1, keepdim=True)) / (var + 1e-6).sqrt()
+    loop = torch.empty_like(p)
+    for b in range(2):
+        for n in range(16):
+            x = p[b, n].tolist()
+            mu = sum(x) / len(x)
+            var = sum((v - mu) ** 2 for v in x) / (len(x) - 1)  # unbiased, as in He et al.'s code
+            loop[b, n] = torch.tensor([(v - mu) / (var + 1e-6) ** 0.5 for v in x], dtype=p.dtype)
     torch.testing.assert_close(t, loop, atol=1e-12, rtol=0)
+    var_n = p.var(-1, unbiased=False, keepdim=True)  # divided by C P^2, not C P^2 - 1
+    biased = (p - p.mean(-1, keepdim=True)) / (var_n + 1e-6).sqrt()
+    assert (t - biased).abs().max() > 1e-2  # 4 pixels a patch: the two variances differ by 4/3
     torch.testing.assert_close(
         t.mean(-1), torch.zeros(2, 16, dtype=torch.float64), atol=1e-12, rtol=0
     )

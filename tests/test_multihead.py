@@ -119,6 +119,85 @@ def test_split_and_merge_heads_are_inverse():
     assert torch.equal(merge_heads(S), T)
 
 
+def test_split_and_merge_without_the_transpose_differ_except_with_one_head_or_one_token():
+    """The classic slip, a reshape straight to (B, H, N, d) or back, keeps the shape: only H > 1 and
+    N > 1 make it visible (the book's checks use H = 2, N = 5)."""
+    for N, H in ((5, 2), (5, 1), (1, 3)):
+        T = torch.randn(2, N, 6, dtype=torch.float64)
+        slip = T.reshape(2, H, N, 6 // H)  # no transpose
+        heads = split_heads(T, H)
+        assert torch.equal(slip, heads) == (H == 1 or N == 1)
+        assert torch.equal(heads.reshape(2, N, 6), T) == (H == 1 or N == 1)  # the merge slip
+        assert torch.equal(merge_heads(heads), T)
+
+
+def test_colour_shape_task_by_hand():
+    """eq-mh-toy on three tokens: red circle, red square, blue circle."""
+    X = tc.multihead.colour_shape_tokens(["red circle", "red square", "blue circle"])
+    assert torch.equal(X, tc.multihead.colour_shape_sequence((1, 1, 1, 0)))
+    assert torch.equal(X[1], torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64))
+    Y = tc.multihead.colour_shape_target(X)
+    # the red circle: shapes among the red tokens (one circle, one square), colours among the circles
+    assert torch.equal(Y[0], torch.tensor([0.5, 0.5, 0.5, 0.5], dtype=torch.float64))
+    # the red square: shapes among the red tokens; the only square is red
+    assert torch.equal(Y[1], torch.tensor([0.5, 0.5, 1.0, 0.0], dtype=torch.float64))
+    # the blue circle: the only blue token is a circle; colours among the circles
+    assert torch.equal(Y[2], torch.tensor([1.0, 0.0, 0.5, 0.5], dtype=torch.float64))
+    with pytest.raises(ValueError, match="'green circle' is not '<colour> <shape>'"):
+        tc.multihead.colour_shape_tokens(["green circle"])
+
+
+def test_two_hand_built_heads_solve_the_colour_shape_task_and_one_head_does_not():
+    scale = 8.0
+    I2, O2 = torch.eye(2, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.float64)
+    colour, shape = torch.cat([I2, O2]), torch.cat([O2, I2])
+    W_qk = scale * torch.cat([colour, shape], dim=1)
+    W_v, W_o = torch.cat([shape, colour], dim=1), torch.eye(4, dtype=torch.float64)
+    X = tc.multihead.colour_shape_sequence((2, 1, 2, 1))
+    target = tc.multihead.colour_shape_target(X)
+    two = multi_head_attention_reference(X, W_qk, W_qk, W_v, W_o, H=2)
+    one = multi_head_attention_reference(X, W_qk, W_qk, W_v, W_o, H=1)
+    torch.testing.assert_close(two, target, atol=1e-12, rtol=0)
+    assert (one - target).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("counts", [(2, 1, 1, 2), (1, 2, 2, 1), (3, 1, 2, 1), (1, 1, 1, 1)])
+def test_one_head_fitted_to_one_sequence_solves_that_sequence_only(counts):
+    """The chapter's "on a single sequence, yes": scores that single out a token's own kind and a
+    block-diagonal value map read off the counts reproduce the target on that sequence, not on others."""
+    rc, rs, bc, bs = counts
+    shapes = [[rc / (rc + rs), rs / (rc + rs)], [bc / (bc + bs), bs / (bc + bs)]]
+    colours = [[rc / (rc + bc), bc / (rc + bc)], [rs / (rs + bs), bs / (rs + bs)]]
+    W_v = torch.block_diag(*(torch.tensor(T, dtype=torch.float64) for T in (shapes, colours)))
+    W_qk, eye = 8.0 * torch.eye(4, dtype=torch.float64), torch.eye(4, dtype=torch.float64)
+    X = tc.multihead.colour_shape_sequence(counts)
+    Y = multi_head_attention_reference(X, W_qk, W_qk, W_v, eye, H=1)
+    torch.testing.assert_close(Y, tc.multihead.colour_shape_target(X), atol=1e-12, rtol=0)
+    other = tc.multihead.colour_shape_sequence((2, 2, 1, 1))
+    Y_other = multi_head_attention_reference(other, W_qk, W_qk, W_v, eye, H=1)
+    assert (Y_other - tc.multihead.colour_shape_target(other)).abs().max() > 0.05
+
+
+def test_a_query_with_no_visible_key_gives_nan_from_scratch_and_zeros_from_the_package():
+    """The chapter's caveat to "the same function": the scratch layer's softmax over no key is NaN."""
+    from transformer_course.scratch import attention as scratch
+
+    torch.manual_seed(7)
+    ours = SelfAttention(8, 2, bias=False).double()
+    mine = scratch.MultiHeadAttention(8, 2, bias=False).double()
+    W = ours.weights
+    with torch.no_grad():
+        for name in ("W_q", "W_k", "W_v", "W_o"):
+            getattr(mine, name).weight.copy_(W[name].T)
+    X = torch.randn(1, 3, 8, dtype=torch.float64)
+    mask = torch.ones(1, 3, 3, dtype=torch.bool)
+    mask[0, 2] = False  # query 2 may see no key
+    with torch.no_grad():
+        Y_scratch, Y = mine(X, mask), ours(X, mask)
+    torch.testing.assert_close(Y_scratch[0, :2], Y[0, :2], atol=1e-12, rtol=0)
+    assert torch.isnan(Y_scratch[0, 2]).all() and (Y[0, 2] == 0).all()
+
+
 def test_bad_input_is_explained():
     with pytest.raises(
         ValueError, match=r"D=10 is not divisible by H=4 .* choose H from \[1, 2, 5, 10\]"
@@ -141,7 +220,7 @@ def test_bad_input_is_explained():
 def test_reference_takes_values_of_another_width_than_queries_and_keys():
     """W_q, W_k (D, H d_k), W_v (D, H d_v), W_o (H d_v, D): each head by hand, then concatenated."""
     g = torch.Generator().manual_seed(6)
-    N, D, H, d_k, d_v = 5, 6, 3, 2, 6  # d_v = D: Turner's free V_h as a concat layer
+    N, D, H, d_k, d_v = 5, 6, 3, 2, 6  # d_v = D: Turner's free U_o,h (his V_h) as a concat layer
     X = torch.randn(N, D, generator=g, dtype=torch.float64)
     W_q, W_k = (torch.randn(D, H * d_k, generator=g, dtype=torch.float64) for _ in range(2))
     W_v = torch.randn(D, H * d_v, generator=g, dtype=torch.float64)
@@ -154,7 +233,7 @@ def test_reference_takes_values_of_another_width_than_queries_and_keys():
     expected = torch.cat(heads, dim=-1) @ W_o
     Y = multi_head_attention_reference(X, W_q, W_k, W_v, W_o, H)
     torch.testing.assert_close(Y, expected, atol=1e-12, rtol=0)
-    # with W_o = stacked identities, each head's D x D value map is Turner's V_h^T
+    # with W_o = stacked identities, each head's D x D value map is Turner's U_o,h^T
     V = torch.stack([W_v[:, h * D : (h + 1) * D].T for h in range(H)])  # (H, D, D)
     U_q, U_k = W_q.T.reshape(H, d_k, D), W_k.T.reshape(H, d_k, D)
     eye = torch.eye(D, dtype=torch.float64).repeat(H, 1)  # (H D, D)
@@ -189,7 +268,7 @@ NAMES = [
     "multihead.merge_heads",
     "multihead.param_count",
     "multihead.split_heads",
-    "multihead.turner_V",
+    "multihead.turner_U_o",
 ]
 
 
@@ -239,19 +318,19 @@ def test_attention_inputs_do_not_saturate_the_softmax():
     assert (Y - mh._mha_scale_sqrt_D(X, W_q, W_k, W_v, W_o, H)).abs().max() > 1e-3
 
 
-def test_turner_V_equals_package_is_low_rank_and_gives_the_same_layer():
-    W_v, W_o, H = mh._V_inputs(torch.Generator().manual_seed(2), 2)
-    D, K = W_v.shape[0], W_v.shape[0] // H
-    V = mh.turner_V(W_v, W_o, H)
-    torch.testing.assert_close(V, tc.notation.low_rank_V(W_v, W_o, H), atol=1e-12, rtol=0)
-    assert all(int(torch.linalg.matrix_rank(V[h])) == K for h in range(H))
-    torch.testing.assert_close(V.sum(0), (W_v @ W_o).T, atol=1e-12, rtol=0)
-    # Turner's sum over heads with these V_h is the concat form, transposed (Bishop exercise 5)
+def test_turner_U_o_equals_package_is_low_rank_and_gives_the_same_layer():
+    W_v, W_o, H = mh._U_o_inputs(torch.Generator().manual_seed(2), 2)
+    D, d = W_v.shape[0], W_v.shape[0] // H  # d = d_k = d_v
+    U_o = mh.turner_U_o(W_v, W_o, H)
+    torch.testing.assert_close(U_o, tc.notation.low_rank_V(W_v, W_o, H), atol=1e-12, rtol=0)
+    assert all(int(torch.linalg.matrix_rank(U_o[h])) == d for h in range(H))
+    torch.testing.assert_close(U_o.sum(0), (W_v @ W_o).T, atol=1e-12, rtol=0)
+    # Turner's sum over heads with these U_o,h is the concat form, transposed (the notes' exercise 5)
     W_q, W_k = torch.randn(D, D, dtype=torch.float64), torch.randn(D, D, dtype=torch.float64)
     X = torch.randn(5, D, dtype=torch.float64)
-    U_q = W_q.T.reshape(H, K, D)  # head h's K x D query map: rows h*K:(h+1)*K of W_q^T
-    U_k = W_k.T.reshape(H, K, D)
-    Y_cols = tc.notation.turner_multi_head_self_attention(X.T, U_q, U_k, V)
+    U_q = W_q.T.reshape(H, d, D)  # head h's d_k x D query map: rows h*d:(h+1)*d of W_q^T
+    U_k = W_k.T.reshape(H, d, D)
+    Y_cols = tc.notation.turner_multi_head_self_attention(X.T, U_q, U_k, U_o)
     Y = tc.multihead.multi_head_attention_reference(X, W_q, W_k, W_v, W_o, H)
     torch.testing.assert_close(Y_cols.T, Y, atol=1e-10, rtol=0)
 
@@ -264,8 +343,8 @@ def test_param_count_matches_the_modules(D, H, bias):
     theirs = torch.nn.MultiheadAttention(D, H, bias=bias)
     assert P_concat == sum(p.numel() for p in ours.parameters())
     assert P_concat == sum(p.numel() for p in theirs.parameters())
-    K = D // H
-    turner = [torch.empty(H, K, D), torch.empty(H, K, D), torch.empty(H, D, D)]  # U_q, U_k, V
+    d_k = D // H
+    turner = [torch.empty(H, d_k, D), torch.empty(H, d_k, D), torch.empty(H, D, D)]  # U_q, U_k, U_o
     assert P_turner == sum(t.numel() for t in turner)
 
 

@@ -18,6 +18,13 @@ How a symbol is written in the glossary of ``book/notation.md`` and in a chapter
   ``\\mathrm`` read as ``\\text``. The font is part of a symbol (``\\mathcal{M}`` is not ``M``), but a
   bold letter is no new symbol: a chapter's ``\\mathbf{s}_n`` clashes with the glossary's ``s_n``
   (:func:`unbold`).
+
+One symbol is defined once. The guard fails on a symbol listed twice in the glossary or in one page's
+``local_symbols`` (a repeated YAML key, or two spellings of one symbol such as ``W_p`` and ``W_{p}``);
+on a glossary letter that also names the entries of another glossary symbol (``s`` an update and
+``s_n`` a token id); on a code name given to two glossary rows (``H`` for the heads and for the height
+of an image); on a chapter's own symbol that is a glossary symbol; and on a symbol that a chapter and
+its *Going deeper* page both list with different meanings.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import re
 import pytest
 import torch
 import yaml
-from pages import CHAPTERS, ROOT
+from pages import CHAPTERS, DEEPER, ROOT
 
 from transformer_course.notation import (
     columns_to_rows,
@@ -38,11 +45,11 @@ from transformer_course.notation import (
 from transformer_course.self_attention import attention_weights, single_head
 
 
-@pytest.mark.parametrize(("N", "D", "K", "D_v"), [(1, 3, 2, 3), (6, 8, 4, 8), (9, 5, 5, 2)])
-def test_column_form_equals_row_form(N, D, K, D_v, gen):
+@pytest.mark.parametrize(("N", "D", "d_k", "d_v"), [(1, 3, 2, 3), (6, 8, 4, 8), (9, 5, 5, 2)])
+def test_column_form_equals_row_form(N, D, d_k, d_v, gen):
     X = torch.randn(N, D, generator=gen, dtype=torch.float64)
-    W_q, W_k = (torch.randn(D, K, generator=gen, dtype=torch.float64) for _ in range(2))
-    W_v = torch.randn(D, D_v, generator=gen, dtype=torch.float64)
+    W_q, W_k = (torch.randn(D, d_k, generator=gen, dtype=torch.float64) for _ in range(2))
+    W_v = torch.randn(D, d_v, generator=gen, dtype=torch.float64)
     X_cols, U_q, U_k, U_v = rows_to_columns(X), W_q.T, W_k.T, W_v.T
     A_cols = turner_attention(X_cols, U_q, U_k)
     torch.testing.assert_close(A_cols.sum(0), torch.ones(N, dtype=torch.float64))  # columns
@@ -69,6 +76,17 @@ def test_transposed_U_is_diagnosed():
         turner_attention(torch.randn(4, 5), torch.randn(4, 3), torch.randn(3, 4))
 
 
+def test_every_shape_error_names_the_shape_it_refuses():
+    # book/notation.md: Turner's functions raise a ValueError that says what they expect.
+    X_cols = torch.randn(4, 5)
+    with pytest.raises(ValueError, match=r"U_q has shape \(2, 4\) but U_k has shape \(3, 4\)"):
+        turner_attention(X_cols, torch.randn(2, 4), torch.randn(3, 4))  # widths differ
+    with pytest.raises(ValueError, match=r"X_cols has shape \(2, 4, 5\)"):
+        turner_attention(torch.randn(2, 4, 5), torch.randn(2, 4), torch.randn(2, 4))
+    with pytest.raises(ValueError, match=r"U_v has shape \(3, 5\) but must be \(d_v, D\)"):
+        turner_self_attention(X_cols, torch.randn(2, 4), torch.randn(2, 4), torch.randn(3, 5))
+
+
 def test_round_trip():
     X = torch.randn(2, 3, 4)
     assert torch.equal(columns_to_rows(rows_to_columns(X)), X)
@@ -77,18 +95,18 @@ def test_round_trip():
 
 @pytest.mark.parametrize(("D", "H", "N"), [(4, 1, 3), (8, 2, 5), (12, 4, 6)])
 def test_turner_multi_head_equals_concat_form(D, H, N, gen):
-    """sum_h V_h X A_h == concat(heads) W_o, with V_h = (W_v^(h) W_o^(h))^T of rank <= D/H."""
+    """sum_h U_o,h X A_h == concat(heads) W_o, with U_o,h = (W_v^(h) W_o^(h))^T of rank <= D/H."""
     from transformer_course.multihead import multi_head_attention_reference
     from transformer_course.notation import low_rank_V, turner_multi_head_self_attention
 
     X = torch.randn(N, D, generator=gen, dtype=torch.float64)
     W_q, W_k, W_v, W_o = (torch.randn(D, D, generator=gen, dtype=torch.float64) for _ in range(4))
-    K = D // H
-    U_q = torch.stack([W_q[:, h * K : (h + 1) * K].T for h in range(H)])  # (H, K, D)
-    U_k = torch.stack([W_k[:, h * K : (h + 1) * K].T for h in range(H)])
-    V = low_rank_V(W_v, W_o, H)
-    assert all(torch.linalg.matrix_rank(V[h]) <= K for h in range(H))
-    Y_cols = turner_multi_head_self_attention(X.T, U_q, U_k, V)
+    d_k = D // H
+    U_q = torch.stack([W_q[:, h * d_k : (h + 1) * d_k].T for h in range(H)])  # (H, d_k, D)
+    U_k = torch.stack([W_k[:, h * d_k : (h + 1) * d_k].T for h in range(H)])
+    U_o = low_rank_V(W_v, W_o, H)  # Turner's V_h
+    assert all(torch.linalg.matrix_rank(U_o[h]) <= d_k for h in range(H))
+    Y_cols = turner_multi_head_self_attention(X.T, U_q, U_k, U_o)
     Y = multi_head_attention_reference(X, W_q, W_k, W_v, W_o, H)
     torch.testing.assert_close(Y_cols.T, Y, atol=1e-10, rtol=0)
 
@@ -171,8 +189,13 @@ def _symbols_of(cell: str) -> list[str]:
     return spans
 
 
-def glossary_rows(text: str) -> list[tuple[list[str], str]]:
-    """(symbols, meaning) for each row of the glossary table of ``text``."""
+_CODE_SPAN = re.compile(r"`([^`]+)`")
+# an entry of a symbol: one letter or digit as its subscript (``s_{n}``, ``\\mathbf{x}_{n}``, ``\\Phi_{k}``)
+_ENTRY = re.compile(r"^(.+)_\{([A-Za-z0-9]|\\ell)\}$")
+
+
+def glossary_rows(text: str) -> list[tuple[list[str], list[str], str]]:
+    """(symbols, code names, meaning) for each row of the glossary table of ``text``."""
     head = text.index("\n## Glossary\n")
     start = text.index(_GLOSSARY_HEADER, head)
     rows = []
@@ -182,7 +205,7 @@ def glossary_rows(text: str) -> list[tuple[list[str], str]]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 4:
             raise ValueError(f"glossary row {line!r} has {len(cells)} cells, not 4 (a bare '|'?)")
-        rows.append((_symbols_of(cells[0]), cells[3]))
+        rows.append((_symbols_of(cells[0]), _CODE_SPAN.findall(cells[1]), cells[3]))
     return rows
 
 
@@ -190,11 +213,14 @@ def glossary(text: str | None = None) -> dict[str, str]:
     """The glossary of ``book/notation.md`` as normal form of a symbol -> meaning.
 
     Raises:
-        ValueError: a symbol is listed twice, or a row has no symbol or no meaning.
+        ValueError: a symbol is listed twice; a letter is a symbol of its own and also names the
+            entries of another (``s`` and ``s_n``); a code name stands in two rows; or a row has no
+            symbol or no meaning.
     """
     text = GLOSSARY_PAGE.read_text() if text is None else text
     out: dict[str, str] = {}
-    for symbols, meaning in glossary_rows(text):
+    code_of: dict[str, str] = {}
+    for symbols, codes, meaning in glossary_rows(text):
         if not symbols or not meaning:
             raise ValueError(f"glossary row {symbols!r} needs a symbol and a meaning")
         for symbol in symbols:
@@ -202,20 +228,58 @@ def glossary(text: str | None = None) -> dict[str, str]:
             if key in out:
                 raise ValueError(f"${symbol}$ is listed twice in the glossary")
             out[key] = meaning
+        for code in codes:
+            if code in code_of:
+                raise ValueError(
+                    f"the code name `{code}` stands for ${code_of[code]}$ and ${symbols[0]}$ in the "
+                    "glossary; give one of them another name"
+                )
+            code_of[code] = symbols[0]
+    plain = {unbold(key): key for key in out}
+    for key in out:
+        entry = _ENTRY.match(unbold(key))
+        if entry and entry.group(1) in plain and plain[entry.group(1)] != key:
+            letter = plain[entry.group(1)]
+            raise ValueError(
+                f"${letter}$ ({out[letter]!r}) and ${key}$ ({out[key]!r}) give one letter two "
+                "meanings in the glossary; rename one of them"
+            )
     return out
+
+
+class _OneKeyOnce(yaml.SafeLoader):
+    """YAML's safe loader, except that a mapping may not repeat a key (YAML keeps the last one)."""
+
+
+def _mapping_with_unique_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise ValueError(
+                f"{key!r} is listed twice in the front matter (YAML keeps the last one)"
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_OneKeyOnce.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_with_unique_keys
+)
 
 
 def front_matter(text: str) -> dict:
     if not text.startswith("---\n"):
         return {}
-    return yaml.safe_load(text[4 : text.index("\n---\n", 3)]) or {}
+    return yaml.load(text[4 : text.index("\n---\n", 3)], Loader=_OneKeyOnce) or {}
 
 
 def local_symbols(text: str) -> dict[str, str] | None:
     """A page's ``local_symbols`` as normal form -> meaning (``None`` if the page has none).
 
     Raises:
-        ValueError: the front matter is not YAML, or ``local_symbols`` is not a mapping.
+        ValueError: the front matter is not YAML, ``local_symbols`` is not a mapping, or it lists
+            one symbol twice (a repeated key, or two spellings with one normal form).
     """
     try:
         listed = front_matter(text).get("local_symbols")
@@ -230,8 +294,30 @@ def local_symbols(text: str) -> dict[str, str] | None:
     out: dict[str, str] = {}
     for key, meaning in listed.items():
         for symbol in _symbols_of(str(key)):
+            if normalise(symbol) in out:
+                raise ValueError(f"${symbol}$ is listed twice in local_symbols")
             out[normalise(symbol)] = str(meaning or "")
     return out
+
+
+def _words(meaning: str) -> set[str]:
+    return set(re.findall(r"[\w']+", meaning.lower()))
+
+
+def same_meaning(a: str, b: str) -> bool:
+    """Two wordings of one meaning: every word of the shorter is a word of the longer (the longer
+    may add a shape or a remark; it may not say something else)."""
+    short, long = sorted((_words(a), _words(b)), key=len)
+    return short <= long
+
+
+def defined_twice(chapter: dict[str, str], deeper: dict[str, str]) -> list[str]:
+    """The symbols that a chapter and its *Going deeper* page both list with different meanings."""
+    return [
+        f"${s}$ ({chapter[s]!r} and {deeper[s]!r})"
+        for s in deeper
+        if s in chapter and not same_meaning(chapter[s], deeper[s])
+    ]
 
 
 def clashes(local: dict[str, str], shared: dict[str, str]) -> list[str]:
@@ -251,7 +337,7 @@ def clashes(local: dict[str, str], shared: dict[str, str]) -> list[str]:
 def test_the_glossary_parses_into_one_meaning_per_symbol():
     shared = glossary()
     assert len(shared) >= 40
-    for symbol in r"N D W_o s_{n} \mathbf{b} J \mathcal{J} \pi \theta s".split():
+    for symbol in r"N D W_o s_{n} \mathbf{b} J \mathcal{J} \pi \theta u H_\text{px}".split():
         assert normalise(symbol) in shared, symbol
     assert "output map" in shared[normalise("W_o")]  # the meaning is the last column...
     assert "H d_v" not in shared[normalise("W_o")]  # ...the shape one of its own
@@ -286,6 +372,36 @@ def test_the_guard_catches_a_clash_and_a_duplicate():
         glossary(GLOSSARY_PAGE.read_text().replace("| $N$ | `N` |", "| $N$ | a|b |", 1))
 
 
+def test_the_guard_catches_a_symbol_defined_twice():
+    """Each way of defining one symbol twice fails: planted in a copy of the real pages."""
+    glossary_text = GLOSSARY_PAGE.read_text()
+    row = "| $H_\\text{px}$ | `H_px` |"
+    assert row in glossary_text
+    with pytest.raises(ValueError, match="code name `H` stands for"):  # heads and image height
+        glossary(glossary_text.replace(row, "| $H_\\text{px}$ | `H` |", 1))
+    step = "| $u$ | `step + 1` | index |"
+    assert step in glossary_text
+    with pytest.raises(ValueError, match="one letter two meanings"):  # s the step, s_n a token id
+        glossary(glossary_text.replace(step, "| $s$ | `step + 1` | index |", 1))
+    with pytest.raises(ValueError, match="listed twice in the front matter"):  # a repeated key
+        local_symbols("---\nlocal_symbols:\n  'W_p': the patch map\n  'W_p': a weight\n---\n")
+    with pytest.raises(ValueError, match="listed twice in local_symbols"):  # two spellings
+        local_symbols("---\nlocal_symbols:\n  'W_p': the patch map\n  'W_{p}': a weight\n---\n")
+    with pytest.raises(ValueError, match="listed twice in local_symbols"):  # one key, twice
+        local_symbols("---\nlocal_symbols:\n  'U_q, U_{q}': a map\n---\n")
+    chapter = local_symbols("---\nlocal_symbols:\n  'c': a count of pairs\n---\n")
+    deeper = local_symbols("---\nlocal_symbols:\n  'c': the speed of light\n  'r': a rank\n---\n")
+    assert defined_twice(chapter, deeper) == ["$c$ ('a count of pairs' and 'the speed of light')"]
+    assert not defined_twice(chapter, chapter)  # listed again with its meaning: one definition
+    shorter = local_symbols("---\nlocal_symbols:\n  'c': a count\n---\n")
+    assert not defined_twice(chapter, shorter)  # the same meaning, said shorter
+    # a chapter's symbol with the glossary's letter and another meaning (here the real notation page)
+    page = (ROOT / "book" / "notation.md").read_text()
+    assert not clashes(local_symbols(page), glossary())
+    planted = page.replace("local_symbols:\n", "local_symbols:\n  'H': the height of a patch\n", 1)
+    assert clashes(local_symbols(planted), glossary())
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_no_chapter_gives_a_glossary_symbol_another_meaning(chapter):
     text = (ROOT / f"{chapter}.md").read_text()
@@ -299,24 +415,34 @@ def test_no_chapter_gives_a_glossary_symbol_another_meaning(chapter):
     assert not found, (
         f"{chapter}: local symbols that are glossary symbols. Where the page means what the "
         "glossary says, drop the symbol from local_symbols; otherwise rename it on the page (see "
-        "book/notation.md, 'One letter, one meaning'): " + "; ".join(found)
+        "book/notation_deeper.md, 'One letter, one meaning'): " + "; ".join(found)
     )
 
 
-@pytest.mark.parametrize(("D", "D_v"), [(4, 4), (6, 3)])
-def test_single_head_column_form_is_eq4_with_one_head_only_when_d_v_is_D(D, D_v, gen):
-    """notation.turner_self_attention's docstring: with D_v = D it is Turner's eq. 4 with H = 1 and
-    V_1 = U_v; with D_v < D his eq. 4 (D x D maps V_h) cannot hold U_v, and the package says so."""
+@pytest.mark.parametrize(("chapter", "deeper"), sorted(DEEPER.items()))
+def test_a_going_deeper_page_defines_no_symbol_twice(chapter, deeper):
+    """A *Going deeper* page reads with its chapter: the symbols it lists are no glossary symbols,
+    and a symbol its chapter lists too keeps the chapter's meaning (:func:`same_meaning`)."""
+    local = local_symbols((ROOT / f"{deeper}.md").read_text()) or {}
+    found = clashes(local, glossary())
+    found += defined_twice(local_symbols((ROOT / f"{chapter}.md").read_text()) or {}, local)
+    assert not found, f"{deeper}: symbols defined twice: " + "; ".join(found)
+
+
+@pytest.mark.parametrize(("D", "d_v"), [(4, 4), (6, 3)])
+def test_single_head_column_form_is_eq4_with_one_head_only_when_d_v_is_D(D, d_v, gen):
+    """notation.turner_self_attention's docstring: with d_v = D it is Turner's eq. 4 with H = 1 and
+    V_1 = U_v; with d_v < D his eq. 4 (D x D maps V_h) cannot hold U_v, and the package says so."""
     from transformer_course.notation import turner_multi_head_self_attention
 
     X_cols = torch.randn(D, 5, generator=gen, dtype=torch.float64)
     U_q, U_k = (torch.randn(2, D, generator=gen, dtype=torch.float64) for _ in range(2))
-    U_v = torch.randn(D_v, D, generator=gen, dtype=torch.float64)
+    U_v = torch.randn(d_v, D, generator=gen, dtype=torch.float64)
     Y = turner_self_attention(X_cols, U_q, U_k, U_v)
-    if D_v == D:
+    if d_v == D:
         Y4 = turner_multi_head_self_attention(X_cols, U_q[None], U_k[None], U_v[None])
         torch.testing.assert_close(Y, Y4, atol=1e-12, rtol=0)
     else:
-        assert Y.shape == (D_v, 5)
+        assert Y.shape == (d_v, 5)
         with pytest.raises(ValueError, match=r"\(H, D, D\)"):  # U_v is not D x D: not Turner's V_1
             turner_multi_head_self_attention(X_cols, U_q[None], U_k[None], U_v[None])

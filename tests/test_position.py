@@ -73,6 +73,9 @@ def test_learned_embedding_adds_rows_and_refuses_long_sequences():
     torch.testing.assert_close(pe(X)[1], pe.table.weight[:3])
     with pytest.raises(ValueError, match=r"positions 0\.\.5 go beyond the 5 learned positions"):
         pe(torch.zeros(1, 6, 4))
+    torch.testing.assert_close(pe(X, start=2)[0], pe.table.weight[2:5])  # a cached prefix of 2
+    with pytest.raises(ValueError, match="start must be >= 0"):  # not nn.Embedding's IndexError
+        pe(X, start=-1)
 
 
 def test_rows_that_training_never_reaches_only_shrink_by_the_weight_decay():

@@ -168,6 +168,16 @@ def test_no_checked_lab_output_prints_rounding_noise(tmp_path: pathlib.Path):
         assert bool(rounding_noise_in_checked_outputs(path)) == caught, text
 
 
+def _registered_by(exercise) -> str:
+    """The module that registered ``exercise``: the one it names (a capstone exercise's
+    ``registered_by``), else its solution's; a solution from ``scratch/`` (a lab's reference model,
+    which registers nothing) counts as registered by the chapter its name gives."""
+    module = getattr(exercise, "registered_by", "") or exercise.solution.__module__
+    if module.startswith("transformer_course.scratch."):
+        return f"transformer_course.exercises.{exercise.name.split('.')[0]}"
+    return module
+
+
 def test_every_chapter_has_one_name_for_page_lab_exercises_tests_and_module():
     import importlib
 
@@ -189,13 +199,15 @@ def test_every_chapter_has_one_name_for_page_lab_exercises_tests_and_module():
         X, n = r["stem"], int(r["number"])
         assert (ROOT / "book" / f"{X}.md").exists(), X
         assert r["lab"] == f"notebooks/{n:02d}_{X}.ipynb" and (ROOT / r["lab"]).exists(), r["lab"]
-        assert r["exercises"] == f"exercises/{X}.py", r
-        assert (ROOT / "src" / "transformer_course" / "exercises" / f"{X}.py").exists(), X
+        assert r["exercises"] in (f"exercises/{X}.py", f"exercises/{X}/"), r  # or one file per part
+        assert (ROOT / "src" / "transformer_course" / r["exercises"]).exists(), X
         names = ex.list_exercises(f"{X}.")
         assert names, f"exercises/{X}.py registers no exercise named {X}.*"
         module = importlib.import_module(f"transformer_course.exercises.{X}")
         registered_here = [
-            n for n, e in ex._REGISTRY.items() if e.solution.__module__ == module.__name__
+            n
+            for n, e in ex._REGISTRY.items()
+            if f"{_registered_by(e)}.".startswith(f"{module.__name__}.")  # the module, or its parts
         ]
         assert sorted(registered_here) == names, f"exercises/{X}.py registers names outside {X}.*"
         assert r["tests"] == f"tests/test_{X}.py" and (ROOT / r["tests"]).exists(), r["tests"]
@@ -204,7 +216,9 @@ def test_every_chapter_has_one_name_for_page_lab_exercises_tests_and_module():
         page = (ROOT / "book" / f"{X}.md").read_text()
         assert f"lab: {r['lab']}" in page, f"book/{X}.md does not name its lab"
     stems = {r["stem"] for r in rows}
-    exercise_files = {p.stem for p in (ROOT / "src/transformer_course/exercises").glob("*.py")}
+    exercises_dir = ROOT / "src/transformer_course/exercises"
+    exercise_files = {p.stem for p in exercises_dir.glob("*.py")}
+    exercise_files |= {p.parent.name for p in exercises_dir.glob("*/__init__.py")}
     assert exercise_files - {"__init__"} == stems, "an exercise module without a chapter"
     labs = {
         p.name.split("_", 1)[1].removesuffix(".ipynb") for p in (ROOT / "notebooks").glob("*.ipynb")

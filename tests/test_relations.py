@@ -243,6 +243,30 @@ def test_equivariance_of_convolution_and_attention():
             torch.testing.assert_close(sa(P @ X), P @ sa(X))
 
 
+def test_circular_convolution_commutes_with_every_cyclic_shift_and_special_kernels_with_more():
+    """relations.md / relations_deeper.md: every power of the shift, not only the shift by one; a
+    kernel symmetric in its taps also commutes with the reflection n -> -n mod N, a single tap with every
+    permutation; a generic kernel with J > 1 with none of those."""
+    N, D = 9, 3
+    X = torch.randn(N, D, dtype=d64)
+    w = torch.randn(D, D, 3, dtype=d64)
+    symmetric = torch.cat([w[..., :2], w[..., :1]], -1)  # F_2 = F_0
+    reflection = torch.eye(N, dtype=d64)[(-torch.arange(N)) % N]
+    perm = torch.eye(N, dtype=d64)[torch.tensor([3, 0, 6, 1, 7, 2, 5, 4, 8])]
+
+    def conv(kernel):
+        return lambda Z: rel.conv1d_as_attention(Z, kernel, padding="circular")
+
+    for delta in range(1, N):
+        P = torch.eye(N, dtype=d64).roll(delta, 1)  # Lambda°_delta
+        torch.testing.assert_close(conv(w)(P @ X), P @ conv(w)(X))
+    torch.testing.assert_close(conv(symmetric)(reflection @ X), reflection @ conv(symmetric)(X))
+    assert not torch.allclose(conv(w)(reflection @ X), reflection @ conv(w)(X))
+    one_tap = w[..., 1:2]
+    torch.testing.assert_close(conv(one_tap)(perm @ X), perm @ conv(one_tap)(X))
+    assert not torch.allclose(conv(w)(perm @ X), perm @ conv(w)(X))
+
+
 def test_convolution_is_local():
     X, w = torch.randn(10, 2, dtype=d64), torch.randn(2, 2, 4, dtype=d64)  # c = 1: reads n-1..n+2
     iota = rel.influence(lambda Z: rel.conv1d_as_attention(Z, w), X, n=4)
@@ -258,20 +282,20 @@ def test_tanh_rnn_reference_equals_nn_rnn_and_the_layer():
     torch.manual_seed(0)
     theirs = nn.RNN(4, 6, batch_first=True).double()
     X = torch.randn(3, 7, 4, dtype=d64)
-    W_x, W_s = theirs.weight_ih_l0.detach().T, theirs.weight_hh_l0.detach().T
-    b = (theirs.bias_ih_l0 + theirs.bias_hh_l0).detach()
+    W_x, W_z = theirs.weight_ih_l0.detach().T, theirs.weight_hh_l0.detach().T
+    b_z = (theirs.bias_ih_l0 + theirs.bias_hh_l0).detach()
     torch.testing.assert_close(
-        rel.tanh_rnn_reference(X, W_x, W_s, b), theirs(X)[0], atol=1e-12, rtol=0
+        rel.tanh_rnn_reference(X, W_x, W_z, b_z), theirs(X)[0], atol=1e-12, rtol=0
     )
     ours = rel.TanhRNN(4, 6).double()
     torch.testing.assert_close(
         ours(X), rel.tanh_rnn_reference(X, **ours.weights), atol=1e-12, rtol=0
     )
     torch.testing.assert_close(ours(X[1]), ours(X)[1], atol=1e-12, rtol=0)  # (N, D) too
-    s_0 = torch.randn(3, 6, dtype=d64)
+    z_0 = torch.randn(3, 6, dtype=d64)
     torch.testing.assert_close(
-        rel.tanh_rnn_reference(X, W_x, W_s, b, s_0),
-        theirs(X, s_0[None])[0],
+        rel.tanh_rnn_reference(X, W_x, W_z, b_z, z_0),
+        theirs(X, z_0[None])[0],
         atol=1e-12,
         rtol=0,
     )
@@ -284,9 +308,9 @@ def test_rnn_state_jacobian_is_autograds_and_obeys_the_bound():
     J = rel.rnn_state_jacobian(X, **layer.weights)
     torch.testing.assert_close(J, rel.output_jacobian(layer, X), atol=1e-12, rtol=0)
     w = layer.weights
-    s, x = torch.linalg.matrix_norm(w["W_s"], 2), torch.linalg.matrix_norm(w["W_x"], 2)
+    z, x = torch.linalg.matrix_norm(w["W_z"], 2), torch.linalg.matrix_norm(w["W_x"], 2)
     for n in range(9):
-        assert torch.linalg.matrix_norm(J[n], 2) <= s ** (8 - n) * x * (1 + 1e-12)
+        assert torch.linalg.matrix_norm(J[n], 2) <= z ** (8 - n) * x * (1 + 1e-12)
 
 
 def test_influence_matches_finite_differences():
@@ -486,8 +510,11 @@ def test_strided_edges_are_child_et_als_pattern():
             if n - m <= stride or (n - m) % stride == 0
         }
         assert set(map(tuple, edges.tolist())) == brute and len(edges) == len(brute)
-    for N in (256, 1024):
-        assert len(rel.strided_edges(N, math.isqrt(N))) < 2.1 * N**1.5
+    for N in (256, 1024, 4096):
+        per_token = len(rel.strided_edges(N, math.isqrt(N))) / N
+        assert 1.4 * math.sqrt(N) < per_token < 1.55 * math.sqrt(N)  # about 1.5 sqrt(N) on average
+    last = rel.strided_edges(1024, 32)
+    assert (last[:, 1] == 1023).sum() == 32 + 1 + 1023 // 32 - 1  # the last token: about 2 sqrt(N)
 
 
 def test_gat_layer_equals_its_loop_and_ranks_senders_statically():
@@ -594,6 +621,20 @@ def test_conv_exercise_mistakes_are_told_apart_on_the_even_trial():
     weight3, N3 = ex.make_inputs(torch.Generator().manual_seed(1001), 1)
     centre_half = next(m for m in ex.mistakes if "J // 2" in m.why)
     torch.testing.assert_close(centre_half.wrong(weight3, N3), ex.solution(weight3, N3))
+
+
+def test_the_transposed_matrix_is_the_flipped_kernel_only_for_an_odd_J():
+    """The exercise's transpose message: A^T has the kernel mirrored, k[n - m + j0], which is the
+    flipped kernel for an odd J and the flipped kernel one place off (centred on J // 2) for an even J."""
+    for J in (3, 4, 5, 6):
+        weight, N, j0 = torch.randn(2, 3, J, dtype=d64), 9, (J - 1) // 2
+        transposed = er._toeplitz(weight, N, j0).transpose(-2, -1)
+        flipped = er._toeplitz(weight.flip(-1), N, j0)
+        if J % 2:
+            torch.testing.assert_close(transposed, flipped)
+        else:
+            assert not torch.allclose(transposed, flipped)
+            torch.testing.assert_close(transposed, er._toeplitz(weight.flip(-1), N, J // 2))
 
 
 def test_linear_exercise_solution_is_the_package():

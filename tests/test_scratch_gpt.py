@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 import transformer_course as tc
 from transformer_course.language_models import GPT as PackageGPT
-from transformer_course.language_models import GPTConfig
+from transformer_course.language_models import GPTConfig, gpt_from_scratch, scratch_names
 from transformer_course.scratch import gpt as scratch
 from transformer_course.train import TrainConfig
 
@@ -39,33 +40,17 @@ def gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
-def scratch_name(name: str) -> str:
-    """The scratch model's name for a parameter of the package's GPT (``in_proj`` excepted)."""
-    for old, new in [
-        ("tok_emb.", "embed.tok_emb."),
-        ("pos_emb.table.", "embed.pos_emb."),
-        ("stack.final_norm.", "final_norm."),
-        ("stack.blocks.", "blocks."),
-        (".mlp.fc1.", ".mlp.0."),
-        (".mlp.fc2.", ".mlp.2."),
-        (".attn.out_proj.", ".attn.W_o."),
-    ]:
-        name = name.replace(old, new)
-    return name
-
-
 def scratch_state(model: PackageGPT, qkv=("W_q", "W_k", "W_v")) -> dict[str, torch.Tensor]:
-    """The package model's weights under the scratch names: the fused ``in_proj`` (3D, D), which
-    stacks ``[W_q^T; W_k^T; W_v^T]``, split in three (``qkv`` names the blocks, in order)."""
-    state = {}
-    for name, tensor in model.state_dict().items():
-        name = scratch_name(name)
-        if ".attn.in_proj." in name:
-            for part, block in zip(qkv, tensor.chunk(3), strict=True):
-                state[name.replace("in_proj", part)] = block
-        else:
-            state[name] = tensor
-    return state
+    """The package model's weights under the scratch names, by the package's one map
+    (``tc.language_models.scratch_state_dict``: the fused ``in_proj`` (3D, D), which stacks
+    ``[W_q^T; W_k^T; W_v^T]``, split in three); ``qkv`` renames the three blocks, in order, to plant
+    a wrong mapping."""
+    state = tc.language_models.scratch_state_dict(model)
+    rename = dict(zip(("W_q", "W_k", "W_v"), qkv, strict=True))
+    return {
+        re.sub(r"\.attn\.(W_[qkv])\.", lambda m: f".attn.{rename[m.group(1)]}.", name): t
+        for name, t in state.items()
+    }
 
 
 def package_gpt(config: GPTConfig, seed: int = 0) -> PackageGPT:
@@ -155,12 +140,8 @@ def scratch_state_of_grads(model: PackageGPT) -> dict[str, torch.Tensor]:
     """The package model's gradients under the scratch names (``in_proj``'s split in three)."""
     grads = {}
     for name, p in model.named_parameters():
-        name = scratch_name(name)
-        if ".attn.in_proj." in name:
-            for part, block in zip(("W_q", "W_k", "W_v"), p.grad.chunk(3), strict=True):
-                grads[name.replace("in_proj", part)] = block
-        else:
-            grads[name] = p.grad
+        names = scratch_names(name)
+        grads.update(zip(names, p.grad.chunk(len(names)), strict=True))
     return grads
 
 
@@ -177,6 +158,36 @@ def test_a_wrong_mapping_fails_by_far(qkv):
         assert gap(ours(idx)[0], package(idx)[0]) > 1e-3
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_gpt_from_scratch_is_the_inverse_map(config):
+    """``gpt_from_scratch`` joins W_q, W_k, W_v into the package's ``in_proj``: the package GPT it
+    builds from a scratch model computes the scratch model's logits, and mapping its weights back
+    gives the scratch model's weights exactly, in the scratch model's dtype, device and mode."""
+    _, ours = both(config, seed=3)
+    theirs = gpt_from_scratch(ours)
+    assert isinstance(theirs, PackageGPT) and not theirs.training
+    assert next(theirs.parameters()).dtype == torch.float64
+    idx = tokens(config, 2, config.block_size, 7)
+    with torch.no_grad():
+        assert gap(theirs(idx)[0], ours(idx)[0]) <= TOL
+    back = tc.language_models.scratch_state_dict(theirs)
+    assert back.keys() == ours.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in ours.state_dict().items())
+    assert gpt_from_scratch(ours.train()).training
+
+
+def test_gpt_from_scratch_names_what_does_not_fit():
+    config = CONFIGS[0]
+    _, ours = both(config)
+    del ours.blocks[0].attn.W_k  # a model without the key map
+    with pytest.raises(ValueError, match=r"no parameter 'blocks\.0\.attn\.W_k\.weight'"):
+        gpt_from_scratch(ours)
+    _, ours = both(config)
+    ours.final_norm = torch.nn.LayerNorm(config.d_model + 1)
+    with pytest.raises(ValueError, match=r"final_norm.weight has shape \(13,\)"):
+        gpt_from_scratch(ours)
+
+
 def test_the_initialisation_is_gpt2s():
     """Built on its own, the scratch model starts as the package's does: N(0, 0.02) matrices and
     tables, N(0, 0.02 / sqrt(2L)) for the projections onto the residual stream (W_o, the MLP's
@@ -189,7 +200,7 @@ def test_the_initialisation_is_gpt2s():
         residual = name.endswith(("W_o.weight", "mlp.2.weight"))
         return 0.02 / math.sqrt(2 * config.n_layers) if residual else 0.02
 
-    for model, rename in ((ours, str), (package, scratch_name)):
+    for model, rename in ((ours, str), (package, lambda name: scratch_names(name)[0])):
         for name, p in model.named_parameters():
             if p.dim() == 2:  # thousands of draws: the sample std is within a few per cent
                 assert abs(p.std().item() / wanted_std(rename(name)) - 1) < 0.1, name

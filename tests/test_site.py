@@ -27,9 +27,10 @@ PAGES = pages.toc_pages()
 SLOW_FIRST = [
     "book/sources",
     "book/exercises",
-    "book/extensions",
+    "book/extensions_deeper",
     "book/equations",
-    "book/relations",
+    "book/relations_deeper",
+    "book/training_deeper",
 ]
 SCREENSHOTS = pathlib.Path(os.environ.get("COURSE_SCREENSHOTS", ROOT / "_build" / "screenshots"))
 
@@ -545,7 +546,8 @@ FIGURES = {
     "book/self_attention": ["attention-scale"],
     "book/language_models": ["sampling", "attention-heads"],
     "book/extensions": ["position-similarity", "kv-cache"],
-    "book/training": ["schedule-adamw", "scaling-fits"],
+    "book/training": ["schedule-adamw"],
+    "book/training_deeper": ["scaling-fits"],
 }
 
 _FIGURE_STATE = """figure => ({

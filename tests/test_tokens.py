@@ -101,6 +101,20 @@ def test_char_tiny_shakespeare_has_65_symbols():
     assert tok.decode(tok.encode(text[:5000])) == text[:5000]
 
 
+@pytest.mark.skipif(not SHAKESPEARE.exists(), reason="tiny-shakespeare not downloaded")
+def test_the_chapters_passages_are_the_opening_of_tiny_shakespeare():
+    # book/tokens.md writes its two passages out; book/tokens_deeper.md reads the same characters
+    # from the corpus (text[:3306] and text[3306:4561]).
+    page = (Path(__file__).resolve().parents[1] / "book" / "tokens.md").read_text(encoding="utf-8")
+    text, held_out = (
+        re.search(rf'{name} = """\\\n(.*?)"""', page, re.S).group(1)
+        for name in ("TEXT", "HELD_OUT")
+    )
+    corpus = SHAKESPEARE.read_text(encoding="utf-8")
+    assert (len(text), len(held_out)) == (3306, 1255)
+    assert corpus[:3306] == text and corpus[3306:4561] == held_out
+
+
 # ------------------------------------------------------------------------------------------------
 # BPETokenizer
 # ------------------------------------------------------------------------------------------------
@@ -229,7 +243,7 @@ def test_unpatchify_inverts_patchify():
     assert torch.equal(unpatchify(patches, 2, (4, 6), 3), images)
     square = torch.randn(1, 1, 6, 6)
     assert torch.equal(unpatchify(patchify(square, 3), 3, 6, 1), square)
-    with pytest.raises(ValueError, match=r"need \(B, N, C\*P\*P\) = \(B, 6, 12\)"):
+    with pytest.raises(ValueError, match=r"need \(B, N, C_in\*P\*P\) = \(B, 6, 12\)"):
         unpatchify(patches[:, :5], 2, (4, 6), 3)
 
 
@@ -259,7 +273,7 @@ def test_patch_embedding_without_bias_and_wrong_channels():
     emb = PatchEmbedding(2, 1, 3, bias=False)
     assert emb.proj.bias is None and emb.as_conv2d().bias is None
     assert emb(torch.zeros(1, 1, 4, 4)).abs().sum() == 0  # linear, no bias: zero in, zero out
-    with pytest.raises(ValueError, match=r"C=3 channels but this PatchEmbedding .* channels=1"):
+    with pytest.raises(ValueError, match=r"C_in=3 channels but this PatchEmbedding .* channels=1"):
         emb(torch.zeros(1, 3, 4, 4))
 
 
@@ -715,6 +729,15 @@ def test_encode_iterable_on_the_gpt2_sample_with_every_two_chunk_split(sample, g
     text = sample.text
     for cut in range(len(text) + 1):
         assert list(gpt2.encode_iterable([text[:cut], text[cut:]])) == sample.ids, cut
+
+
+@pytest.mark.parametrize("text", ["x're", "x'r", "x'", "we'll go", "x're'", "a  'v"])
+def test_encode_iterable_waits_two_characters_after_a_lone_apostrophe(text, gpt2):
+    """Whether ``'`` is a piece of its own depends on the two characters after it: ``x'r`` gives
+    ``'``, ``x're`` gives ``'re``. Fed one character at a time, the stream must wait for both."""
+    assert tc.tokens.pretokenize("x'r", "gpt2") == ["x", "'", "r"]
+    assert tc.tokens.pretokenize("x're", "gpt2") == ["x", "'re"]
+    assert list(gpt2.encode_iterable(text)) == gpt2.encode(text)
 
 
 def test_encode_iterable_streams_a_file_and_an_endless_source(tmp_path):

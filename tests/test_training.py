@@ -708,12 +708,22 @@ def test_the_loss_surface_and_its_compute_optimal_size_are_recovered_from_synthe
     truth = training.LossSurface(c=1.2, a=40.0, alpha=0.35, a_tok=300.0, alpha_tok=0.32)
     runs = _synthetic_runs(truth, np.geomspace(1e4, 2e6, 6), np.geomspace(3e5, 3e7, 4))
     fit, rms = training.fit_loss_surface(runs)
-    assert rms < 1e-6 and abs(fit.gamma - truth.gamma) < 1e-3
+    assert rms < 1e-6 and abs(fit.zeta - truth.zeta) < 1e-3
     C = np.geomspace(1e12, 1e15, 4)
     np.testing.assert_allclose(fit.n_opt(C), truth.n_opt(C), rtol=1e-3)
     for c in C:  # the closed form is the minimum along 6 |theta| n_tok = C
         n = np.geomspace(truth.n_opt(c) / 30, truth.n_opt(c) * 30, 2001)
         assert abs(n[np.argmin(truth(n, c / (6 * n)))] / truth.n_opt(c) - 1) < 0.01
+
+
+def test_the_loss_surface_keeps_a_constant_a_loss_can_have():
+    """Runs that a surface with L_inf < 0 fits exactly end on the bound L_inf = 0 (a cross-entropy is
+    never negative), with a residual the bound costs, not at a negative constant."""
+    below = training.LossSurface(c=-0.5, a=40.0, alpha=0.35, a_tok=300.0, alpha_tok=0.32)
+    runs = _synthetic_runs(below, np.geomspace(1e4, 2e6, 6), np.geomspace(3e5, 3e7, 4))
+    assert min(r["val_loss"] for r in runs) > 0  # real losses, though the constant is negative
+    fit, rms = training.fit_loss_surface(runs)
+    assert fit.c >= 0 and fit.c < 1e-6 and rms > 1e-4
 
 
 def test_isoflop_profiles_and_minima_find_the_known_frontier():
@@ -728,8 +738,8 @@ def test_isoflop_profiles_and_minima_find_the_known_frontier():
     opt = [minima[float(c)]["params_opt"] for c in levels]
     assert all(minima[float(c)]["bracketed"] for c in levels)
     np.testing.assert_allclose(opt, truth.n_opt(levels), rtol=0.05)  # a parabola: near, not exact
-    gamma, _ = training.fit_frontier(levels, opt)
-    assert abs(gamma - truth.gamma) < 0.02
+    zeta, _ = training.fit_frontier(levels, opt)
+    assert abs(zeta - truth.zeta) < 0.02
     # a study of a few fixed budgets per size meets few sizes at one level, and interpolates:
     # compute ranges 2e4: 1.2e11..4.8e11, 6e4: 3.6e11..1.44e12, 2e5: 1.2e12..4.8e12
     grid = _synthetic_runs(truth, [2e4, 6e4, 2e5], [1e6, 2e6, 4e6])
@@ -747,18 +757,35 @@ def test_isoflop_profiles_and_minima_find_the_known_frontier():
 def test_update_rounded_away_agrees_with_low_precision_arithmetic(dtype):
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(20000, generator=g) * 4).to(dtype)
-    w = w[(w != 0) & (torch.log2(w.abs().double()) % 1 != 0)]  # strictly inside [2^nu, 2^(nu+1))
+    powers = torch.tensor([1.0, -1.0, 0.5, 2.0, -4.0], dtype=dtype).repeat(400)  # on a boundary
+    w = torch.cat([w[w != 0], powers])
     delta = torch.randn(len(w), generator=g, dtype=torch.float64) * 10 ** torch.empty(
         len(w), dtype=torch.float64
     ).uniform_(-5, 0, generator=g)
-    bound = 2.0 ** (torch.floor(torch.log2(w.abs().double())) - training.SIGNIFICAND_BITS[dtype])
-    clear = (delta.abs() / bound - 1).abs() > 1e-6  # ties are decided by rounding to even
-    w, delta = w[clear], delta[clear]
+    nu = torch.floor(torch.log2(w.abs().double()))
+    half = 2.0 ** (nu - training.SIGNIFICAND_BITS[dtype])  # half the spacing above |w|
+    clear = ((delta.abs() / half - 1).abs() > 1e-3) & ((delta.abs() / half - 0.5).abs() > 1e-3)
+    w, delta = w[clear], delta[clear]  # near a tie, rounding through float32 first can decide it
     lost = (w.double() + delta).to(torch.float32).to(dtype) == w
     predicted = training.update_rounded_away(w, delta, dtype)
     assert torch.equal(predicted, lost) and 0.2 < lost.double().mean() < 0.8
+    below = (w.abs() == 2.0 ** torch.floor(torch.log2(w.abs().double()))) & (delta * w.double() < 0)
+    assert below.sum() > 100  # updates towards zero from a power of two were among them
     with pytest.raises(ValueError, match="no binary exponent"):
         training.update_rounded_away(torch.zeros(1), torch.ones(1))
+
+
+def test_a_bf16_weight_at_a_power_of_two_takes_a_smaller_update_downwards():
+    """Below 1 the bfloat16 numbers are 2^-8 apart, above it 2^-7: from a gain of exactly 1 an update
+    of +0.003 is lost (< 2^-8), one of -0.003 is not (> 2^-9) and lands on 1 - 2^-8."""
+    one = torch.ones(4, dtype=torch.bfloat16)
+    delta = torch.tensor([0.003, -0.003, -(2.0**-9), -(2.0**-9) * 1.01], dtype=torch.float64)
+    after = (one.double() + delta).to(torch.bfloat16)
+    assert after.tolist() == [1.0, 1 - 2.0**-8, 1.0, 1 - 2.0**-8]  # a tie rounds to the even 1
+    assert training.update_rounded_away(one, delta).tolist() == [True, False, True, False]
+    assert training.update_rounded_away(-one, -delta).tolist() == [True, False, True, False]
+    strictly_inside = torch.full((2,), 1.5, dtype=torch.bfloat16)  # 2^-7 apart on both sides
+    assert training.update_rounded_away(strictly_inside, delta[:2]).tolist() == [True, True]
 
 
 def test_only_a_failed_connection_between_ranks_is_retried():

@@ -248,7 +248,8 @@ def _label_page(env, label: str) -> str | None:
 
 
 def _number_labels_in_code(app: Sphinx, doctree: nodes.document, docname: str) -> None:
-    """``(eq-label)`` in code cells, their outputs and literal includes reads as ``(3.2)``."""
+    """``(eq-label)`` in code cells, their outputs (the checks' HTML verdicts included) and literal
+    includes reads as ``(3.2)``."""
     from sphinx.util import logging
 
     logger = logging.getLogger(__name__)
@@ -271,6 +272,14 @@ def _number_labels_in_code(app: Sphinx, doctree: nodes.document, docname: str) -
             block.clear()
             block += nodes.Text(new)
             block.rawsource = new if highlighted else block.rawsource
+    for raw in list(doctree.findall(nodes.raw)):  # the checks' verdicts (tc.checks.verify) are HTML
+        text = raw.astext()
+        if "html" not in raw.get("format", "").split() or "eq-" not in text:
+            continue
+        new = LABEL_IN_CODE.sub(number, text)
+        if new != text:
+            raw.clear()
+            raw += nodes.Text(new)
 
 
 def setup(app: Sphinx) -> None:

@@ -5,7 +5,7 @@ as tc``); nothing is copied into a page. Each chapter has one module of the same
 ``tc.tokens``, ``tc.attention``, ``tc.self_attention``, ``tc.multihead``, ``tc.block``, ``tc.position``,
 ``tc.language_models``, ``tc.encoder_decoder``, ``tc.vision``, ``tc.training``, ``tc.claims``,
 ``tc.relations``, ``tc.extensions``, ``tc.masked``; the long ones are subpackages with one file per
-part); ``data``, ``train``, ``checkpoint``, ``plots``,
+part); ``data``, ``train``, ``checkpoint``, ``kv_cache``, ``plots``,
 ``runtime``, ``results``, ``project``, ``interactive`` (figures a reader moves; the chapters' own are
 in ``figures``) and ``checks`` (the book's one check helper,
 :func:`checks.verify`) are shared infrastructure. The exercises of the labs,
@@ -26,6 +26,7 @@ from . import (
     extensions,
     figures,
     interactive,
+    kv_cache,
     language_models,
     masked,
     multihead,
@@ -69,6 +70,7 @@ __all__ = [
     "extensions",
     "figures",
     "interactive",
+    "kv_cache",
     "language_models",
     "masked",
     "multihead",

@@ -1,8 +1,10 @@
-"""Attention as a weighted average: the constraints on the weights, and convolution as fixed attention.
+"""Attention as a weighted average: the constraints on the weights, and convolution as a fixed weighting.
 
-Chapter: *Attention as a weighted average* (Bishop & Bishop 2024 sec. 2.1-2.7; Turner 2023 sec. 2.1,
-eq. 1-2 and footnote 4). The weights themselves, computed from the data, are chapter *Self-attention*'s
-(:mod:`.self_attention`).
+Chapter: *Attention as a weighted average* (the lecture notes on Bishop & Bishop's chapter 12,
+``bishop2024notes``, in the notes' own numbering: sec. 2.1-2.7, with sec. 2.2 and 2.9.3 on fixed
+versus data-dependent weights, eq. 5-6 for the dot-product weights of the chapter's example and
+sec. 2.13 for the cost; Turner 2023 sec. 2.1, eq. 1-2 and footnotes 4-5). The weights themselves,
+computed from the data, are chapter *Self-attention*'s (:mod:`.self_attention`).
 
 Convention: rows are tokens. A sequence ``X`` is ``(..., N, D)``; an attention matrix ``A`` is
 ``(N, N)`` with row ``n`` holding the weights of output token ``n`` (``A[n, m]`` is how much output
@@ -11,13 +13,22 @@ Convention: rows are tokens. A sequence ``X`` is ``(..., N, D)``; an attention m
 A 1-D convolution layer of a CNN (``torch.nn.functional.conv1d``) computes, with ``J`` taps and the
 kernel's centre at tap ``j0 = (J - 1) // 2``,
 
-.. math:: y_n = \\sum_{j=0}^{J-1} k_j \\, x_{n + j - j_0},
+.. math:: y_n = \\sum_{j=0}^{J-1} \\kappa_j \\, x_{n + j - j_0},
 
-which is a *cross-correlation* (no kernel flip), as in every deep-learning library. Written as
-attention it is ``Y = A X`` with the Toeplitz matrix ``A[n, m] = k[m - n + j0]`` (zero outside the
-kernel): each row is the same kernel shifted by one position. Turner (2023, footnote 4) writes the
-same fact in his column form as :math:`A_{n',n} = A_{n'-n}`; his matrix is the transpose of ours,
-``A_Turner[n', n] = A[n, n'] = k[n' - n + j0]``, a function of ``n' - n`` only.
+which is a *cross-correlation* (no kernel flip), as in every deep-learning library. Written as a
+weighted sum of the tokens it is ``Y = A X`` with the Toeplitz matrix ``A[n, m] = kernel[m - n + j0]``
+(zero outside the kernel): each row is the same kernel shifted by one position. Turner (2023,
+footnote 4) writes the same fact in his column form as :math:`A_{n',n} = A_{n'-n}`; his matrix is the
+transpose of ours, ``A_Turner[n', n] = A[n, n'] = kernel[n' - n + j0]``, a function of ``n' - n``
+only.
+
+Whether ``A`` is a valid matrix of attention weights (:func:`constraint_violations`) depends on the
+kernel and the padding. With circular padding, and with replicate padding when ``J <= N``, every row
+sums to the kernel's sum and some row holds every tap on its own, so exactly the averaging kernels
+qualify (taps non-negative, summing to one). With zero padding and ``J <= N`` the rows at the ends
+lose taps, and only the identity's kernel (a single tap 1 at the centre) keeps every row valid.
+Longer kernels need not sum to one: ``2N - 1`` taps that repeat with period ``N`` give a valid
+circulant matrix whatever their sum.
 """
 
 from __future__ import annotations
@@ -94,7 +105,7 @@ def convolution_as_attention(
 
     Implements: eq-avg-toeplitz
 
-    .. math:: A_{nm} = k_{m - n + j_0}, \qquad j_0 = \lfloor (J-1)/2 \rfloor,
+    .. math:: a_{nm} = \kappa_{m - n + j_0}, \qquad j_0 = \lfloor (J-1)/2 \rfloor,
 
     and ``A[n, m] = 0`` where ``m - n + j0`` is not a tap ``0..J-1``. Then ``A @ X`` equals
     ``F.conv1d`` of every column of ``X`` with ``kernel`` and ``padding="same"`` (a
@@ -106,8 +117,8 @@ def convolution_as_attention(
     this as :math:`A_{n',n} = A_{n'-n}` in his column form, whose matrix is the transpose of ours.
 
     Args:
-        kernel: the ``J`` taps ``k_0 .. k_{J-1}`` (a 1-D floating tensor or a list of numbers); the
-            result has its dtype and device.
+        kernel: the ``J`` taps ``kappa_0 .. kappa_{J-1}`` (a 1-D floating tensor or a list of
+            numbers); the result has its dtype and device.
         N: the number of tokens.
         padding: what lies beyond the ends: ``"zeros"`` (rows near the ends lose the taps that fall
             off the sequence), ``"circular"`` (they wrap around: a circulant matrix) or
@@ -115,7 +126,8 @@ def convolution_as_attention(
 
     Returns:
         ``A`` of shape ``(N, N)``; with ``"circular"`` or ``"replicate"`` every row sums to
-        ``kernel.sum()``, with ``"zeros"`` only rows whose window lies inside the sequence do.
+        ``kernel.sum()``; with ``"zeros"`` the rows whose window lies inside the sequence do, and the
+        others lose the taps that fall off it.
 
     Raises:
         TypeError: for a non-float kernel or a non-integer ``N``.
@@ -200,7 +212,8 @@ def constraint_violations(A: Tensor, atol: float = 1e-6) -> list[str]:
 
     .. math:: a_{nm} \ge 0, \qquad \sum_m a_{nm} = 1 \quad \text{for every } n
 
-    (Bishop & Bishop 2024, eqs. 3-4: the constraints hold separately for every output ``n``.)
+    (The lecture notes on Bishop & Bishop, ``bishop2024notes``, eq. 3-4: the constraints hold
+    separately for every output ``n``.)
 
     Args:
         A: weights ``(..., N, M)``, rows are outputs.
@@ -239,12 +252,14 @@ def contraction_coefficient(A: Tensor) -> Tensor:
 
     Implements: eq-avg-contraction
 
-    .. math:: \tau(A) = 1 - \min_{n, n'} \sum_m \min(a_{nm}, a_{n'm})
+    .. math:: \tau(A) = 1 - \min_{n_1, n_2} \sum_m \min(a_{n_1 m}, a_{n_2 m})
 
     For weights that satisfy eq. ``eq-avg-constraints`` (rows non-negative, summing to one) it lies in
     ``[0, 1]`` and bounds how much ``Y = A X`` shrinks the range of every feature over the tokens:
-    ``max_n y_nd - min_n y_nd <= tau(A) (max_m x_md - min_m x_md)`` (Seneta 2006). A softmax
-    makes every weight positive, so ``tau(A) < 1``: repeated averaging pulls the tokens together.
+    ``max_n y_nd - min_n y_nd <= tau(A) (max_m x_md - min_m x_md)`` (Seneta 2006). An unmasked
+    softmax makes every weight positive (in exact arithmetic), so ``tau(A) < 1`` and ``Y = A X``
+    strictly contracts; repeated averages pull the tokens together when the product of their
+    coefficients goes to zero.
 
     Args:
         A: weights ``(..., N, M)``, rows are outputs.

@@ -1,11 +1,11 @@
 """The transformer block: token-wise MLP, LayerNorm, residuals, post-norm and pre-norm blocks, a stack.
 
-Chapter: *The transformer block* (Turner 2023 sec. 2.2-2.3; Bishop & Bishop 2024 sec. 2.12-2.13 and
-Algorithm 3; Dramko 2025 sec. 4). Variants are small classes, not flags: :class:`PostNormBlock` is the
-original arrangement of Vaswani et al. (2017) and ``nn.TransformerEncoderLayer(norm_first=False)``;
-:class:`PreNormBlock` is the arrangement Xiong et al. (2020) analyse and GPT-2 uses
-(``norm_first=True``). Both load weights from ``torch.nn.TransformerEncoderLayer`` and are tested equal
-to it.
+Chapter: *The transformer block* (Turner 2023 sec. 2.2-2.3; the lecture notes on Bishop & Bishop 2024,
+``bishop2024notes``, sec. 2.12-2.13 and Algorithm 3 in their own numbering; Dramko 2025 sec. 4).
+Variants are small classes, not flags: :class:`PostNormBlock` is the original arrangement of Vaswani et
+al. (2017) and ``nn.TransformerEncoderLayer(norm_first=False)``; :class:`PreNormBlock` is the
+arrangement Xiong et al. (2020) analyse and GPT-2 uses (``norm_first=True``). Both load weights from
+``torch.nn.TransformerEncoderLayer`` and are tested equal to it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .multihead import SelfAttention
 
 if TYPE_CHECKING:
-    from .language_models import KVCache
+    from .kv_cache import KVCache
 
 __all__ = [
     "ACTIVATIONS",
@@ -113,13 +113,14 @@ class MLP(nn.Module):
 
     Implements: eq-block-mlp
 
-    .. math:: \mathrm{MLP}(X) = \phi(X W_1 + \mathbf{b}_1)\, W_2 + \mathbf{b}_2,\qquad
+    .. math:: \mathrm{MLP}(X) = \phi(X W_1 + \mathbf{1}_N\mathbf{b}_1^\top)\, W_2
+              + \mathbf{1}_N\mathbf{b}_2^\top,\qquad
               W_1 \in \mathbb{R}^{D\times d_\text{ff}},\ W_2 \in \mathbb{R}^{d_\text{ff}\times D}
 
-    (Turner 2023 sec. 2.2; Bishop & Bishop 2024 sec. 2.12.2.) ``nn.Linear`` stores ``W^T``. Dropout,
-    when a block trains with it, acts on the MLP's output before the residual sum (as in Vaswani et al.
-    and GPT-2), not inside the MLP as ``nn.TransformerEncoderLayer`` also does; in evaluation mode the
-    two are the same function.
+    (Turner 2023 sec. 2.2; the lecture notes on Bishop & Bishop 2024, sec. 2.12.2.) ``nn.Linear`` stores
+    ``W^T``. Dropout, when a block trains with it, acts on the MLP's output before the residual sum (as
+    in Vaswani et al. and GPT-2), not inside the MLP as ``nn.TransformerEncoderLayer`` also does; in
+    evaluation mode the two are the same function.
     """
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu") -> None:
@@ -181,12 +182,15 @@ class _Block(nn.Module):
 
 
 class PostNormBlock(_Block):
-    r"""Post-norm block (Vaswani et al. 2017; Bishop eq. 20 and 22):
+    r"""Post-norm block (Vaswani et al. 2017; eq. 20 and 22 and Algorithm 3 of the lecture notes on
+    Bishop & Bishop):
 
     Implements: eq-block-postnorm
 
-    .. math:: Z = \mathrm{LN}\big(X + \mathrm{MHSA}(X)\big),\qquad
-              Y = \mathrm{LN}\big(Z + \mathrm{MLP}(Z)\big)
+    .. math:: Z = \mathrm{LN}_1\big(X + \mathrm{MHSA}(X)\big),\qquad
+              \mathrm{Block}(X) = \mathrm{LN}_2\big(Z + \mathrm{MLP}(Z)\big)
+
+    ``Z`` is the residual stream between the two stages.
 
     Equals ``nn.TransformerEncoderLayer(norm_first=False, batch_first=True)`` with copied weights.
     """
@@ -201,12 +205,14 @@ class PostNormBlock(_Block):
 
 
 class PreNormBlock(_Block):
-    r"""Pre-norm block (Xiong et al. 2020; Bishop eq. 21 and 23):
+    r"""Pre-norm block (Xiong et al. 2020; eq. 21 and 23 of the lecture notes on Bishop & Bishop):
 
     Implements: eq-block-prenorm
 
-    .. math:: Z = X + \mathrm{MHSA}\big(\mathrm{LN}(X)\big),\qquad
-              Y = Z + \mathrm{MLP}\big(\mathrm{LN}(Z)\big)
+    .. math:: Z = X + \mathrm{MHSA}\big(\mathrm{LN}_1(X)\big),\qquad
+              \mathrm{Block}(X) = Z + \mathrm{MLP}\big(\mathrm{LN}_2(Z)\big)
+
+    ``Z`` is the residual stream between the two stages.
 
     Equals ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)`` with copied weights.
     """
@@ -221,7 +227,7 @@ class PreNormBlock(_Block):
 
 
 class TransformerStack(nn.Module):
-    r"""``L`` blocks applied in turn, :math:`X^{(\ell)} = \mathrm{block}_\ell(X^{(\ell-1)})`, then a
+    r"""``L`` blocks applied in turn, :math:`X^{(\ell)} = \mathrm{Block}_\ell(X^{(\ell-1)})`, then a
     final LayerNorm when the blocks need one.
 
     Implements: eq-block-stack

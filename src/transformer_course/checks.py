@@ -261,7 +261,7 @@ def _reject(claim, mistake, inputs, got_forms, exp, relation, atol, rtol, least)
         )
     if wrong.dtype == torch.bool or exp.dtype == torch.bool:
         n = int(w_delta)
-        return f"{n} entr{'y' if n == 1 else 'ies'} differ"
+        return f"{n} entr{'y differs' if n == 1 else 'ies differ'}"
     miss = w_delta if relation == "==" else -w_delta + 0.0  # + 0.0: no "-0"
     if miss < least:
         return _refuse(

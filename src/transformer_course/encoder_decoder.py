@@ -106,8 +106,11 @@ class CrossAttention(AttentionLayer):
 
 
 class DecoderBlock(nn.Module):
-    """Pre-norm decoder block (Vaswani et al. 2017; Dramko 2025 sec. 5.1): causal self-attention,
-    cross-attention to the memory (queries from ``LN(X')``), token-wise MLP, each with its residual.
+    """The decoder block's three sub-layers, each with its residual (Vaswani et al. 2017 sec. 3.1;
+    Dramko 2025 sec. 5.1 lists them): causal self-attention, cross-attention to the memory (queries
+    from ``LN(X')``, keys and values from the memory, Vaswani et al. sec. 3.2.3), token-wise MLP.
+    Pre-norm, as every block of the course: each sub-layer reads its own LayerNorm of the stream
+    (Vaswani et al.'s block is post-norm, a LayerNorm after each residual sum).
 
     Implements: eq-ed-decoder
     """
@@ -137,9 +140,9 @@ class DecoderBlock(nn.Module):
         memory_mask: Tensor | None = None,
         cache: KVCache | None = None,
     ) -> Tensor:
-        Z = X + self.drop(self.self_attn(self.norm1(X), cache=cache))  # (B, N, D)
-        Z = Z + self.drop(self.cross_attn(self.norm2(Z), memory_kv, memory_mask))
-        return Z + self.drop(self.mlp(self.norm3(Z)))  # (B, N, D)
+        X1 = X + self.drop(self.self_attn(self.norm1(X), cache=cache))  # X', (B, N, D)
+        X2 = X1 + self.drop(self.cross_attn(self.norm2(X1), memory_kv, memory_mask))  # X''
+        return X2 + self.drop(self.mlp(self.norm3(X2)))  # (B, N, D)
 
 
 def decoder_mask(tgt: Tensor, pad_id: int = 0) -> Tensor:
@@ -200,7 +203,9 @@ class Seq2SeqConfig:
 
 
 class Seq2Seq(nn.Module):
-    r"""An encoder-decoder transformer (Vaswani et al. 2017; Dramko 2025 sec. 5).
+    r"""An encoder-decoder transformer: the layout of Vaswani et al. (2017) (Dramko 2025 sec. 5), with
+    the course's choices where theirs differ: pre-norm blocks and a final LayerNorm on each side (theirs
+    are post-norm), learned positions (sinusoidal), GELU (ReLU), and a head not tied to the embeddings.
 
     Implements: eq-ed-model, eq-ed-factor
 
@@ -365,11 +370,13 @@ def beam_search(
 
     Implements: eq-ed-beam-score
 
-    Every source keeps at most ``beam_size`` live hypotheses, ranked by their sum of
-    log-probabilities. Each step extends every live hypothesis by every token and keeps the
-    ``beam_size`` best extensions; those ending in ``eos`` are finished and leave the beam, which
-    narrows by one for each, and at ``max_len`` generated tokens every
-    hypothesis still live is finished as it stands. The search stops when no hypothesis is live. The
+    Every source has ``beam_size`` slots. Each step extends every live hypothesis by every token and
+    keeps the ``beam_size`` best extensions, ranked by their sum of log-probabilities; a kept
+    extension that ends in ``eos`` is finished: it is set aside for the final choice and its slot
+    holds no live hypothesis, but the next step again keeps the ``beam_size`` best extensions of the
+    hypotheses still live, so the slots fill up again. At ``max_len`` generated tokens every
+    hypothesis still live is finished as it stands. The search stops there, or earlier when every
+    kept extension of a step ends in ``eos`` (no hypothesis is live). The
     encoder and the memory's keys and values run once per source (as in :meth:`Seq2Seq.greedy_decode`);
     the decoder's self-attention caches are reordered after each step to follow the hypotheses kept.
     With ``beam_size=1`` this is greedy decoding; with a beam as wide as the number of possible
@@ -408,11 +415,11 @@ def beam_search(
         rows = torch.arange(B, device=device)[:, None]
         for t in range(1, max_len + 1):
             logits = model.decode(seqs[:, :, -1].reshape(B * k, 1), memory_kv, keep, caches)
-            log_p = torch.log_softmax(logits[:, -1].double(), dim=-1).view(B, k, -1)  # (B, k, V)
-            V = log_p.shape[-1]
-            total = (live[..., None] + log_p).view(B, k * V)  # dead slots stay at -inf
-            top, idx = total.topk(min(k, k * V), dim=-1)  # (B, k): the k best extensions
-            parent, token = idx // V, idx % V
+            log_p = torch.log_softmax(logits[:, -1].double(), dim=-1).view(B, k, -1)  # (B, k, |V|)
+            n_vocab = log_p.shape[-1]  # |V|, the target vocabulary
+            total = (live[..., None] + log_p).view(B, k * n_vocab)  # dead slots stay at -inf
+            top, idx = total.topk(min(k, k * n_vocab), dim=-1)  # (B, k): the k best extensions
+            parent, token = idx // n_vocab, idx % n_vocab
             seqs = torch.cat([seqs[rows, parent], token[..., None]], dim=-1)  # (B, k, t + 1)
             ends = torch.isfinite(top) & ((token == eos) | (t == max_len))  # finished now
             normed = torch.where(ends, top / length_penalty(float(t), alpha), -torch.inf)
@@ -420,7 +427,7 @@ def beam_search(
             take = better > best
             best = torch.where(take, better, best)
             best_seq[take, : t + 1] = seqs[take, j[take]]
-            live = torch.where(ends, -torch.inf, top)  # finished hypotheses leave the beam
+            live = torch.where(ends, -torch.inf, top)  # finished: set aside, the slot dead
             if not torch.isfinite(live).any():
                 break
             flat = (rows * k + parent).reshape(-1)  # (B k,): the row each kept hypothesis came from
@@ -501,10 +508,12 @@ DATES_RECIPE = DatesRecipe(
     ),
     batch_size=128,
 )  # fmt: skip
-"""The CPU target: exact match >= 0.99 on held-out dates within 60 s of training (``bench/seq2seq.py``).
+"""The CPU recipe for dates (``bench/seq2seq.py``'s target: exact match >= 0.99 on held-out dates).
 
 Width 64, four heads, one encoder and one decoder block (a single cross-attention layer, whose
-alignment maps chapter 8 reads); 400 steps of 128 pairs."""
+alignment maps chapter 8 reads); 400 steps of 128 pairs, about 40 s of CPU time on one core.
+``time_budget_s=60`` stops training early on a machine too slow or too busy for that; the chapter and
+its lab lift it (``with_train(time_budget_s=None)``) so that every step is taken."""
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """Multi-head attention: the concat + W_o form, one function over split heads, and the self-attention layer.
 
-Chapter: *Multi-head self-attention* (Vaswani et al. 2017; Bishop & Bishop 2024 sec. 2.11 and
-Algorithm 2; MIT 6.390 sec. 9.4.2; Turner 2023 eq. 4-6 and footnote 13, whose sum-over-heads form is in
-:mod:`.notation`). Rows are tokens. With ``H`` heads, queries and keys of width ``d_k`` and values of
-width ``d_v``, head ``h`` (counted from 0 in code) uses columns ``h*d_k : (h+1)*d_k`` of ``W_q`` and
-``W_k`` (``D x H d_k``), columns ``h*d_v : (h+1)*d_v`` of ``W_v`` (``D x H d_v``) and the same rows of
-``W_o`` (``H d_v x D``). The layers use the usual ``d_k = d_v = D / H``, so all four are ``D x D``.
+Chapter: *Multi-head self-attention* (Vaswani et al. 2017; the lecture notes on Bishop & Bishop 2024,
+``bishop2024notes``, sec. 2.11 and Algorithm 2 in their own numbering; MIT 6.390 sec. 9.4.2; Turner
+2023 eq. 4-6 and footnote 13, whose sum-over-heads form is in :mod:`.notation`). Rows are tokens. With
+``H`` heads, queries and keys of width ``d_k`` and values of width ``d_v``, head ``h`` (counted from 0
+in code) uses columns ``h*d_k : (h+1)*d_k`` of ``W_q`` and ``W_k`` (``D x H d_k``), columns
+``h*d_v : (h+1)*d_v`` of ``W_v`` (``D x H d_v``) and the same rows of ``W_o`` (``H d_v x D``). The
+layers use the usual ``d_k = d_v = D / H``, so all four are ``D x D``.
 
 One function, :func:`multi_head_attention`, attends with given queries, keys and values; the layers
 only compute those and merge the heads afterwards. Each layer has one role:
@@ -17,7 +18,11 @@ only compute those and merge the heads afterwards. Each layer has one role:
   and values from another, computed once per source sequence.
 
 Both keep the parameter layout of ``torch.nn.MultiheadAttention`` (:class:`AttentionLayer`), so weights
-copy across both ways and the tests prove the layers equal to PyTorch's.
+copy across both ways and the tests prove the layers equal to PyTorch's. The from-scratch layer a learner
+types is ``transformer_course/scratch/attention.py``; this module is its hardened version.
+
+The chapter's small task, where one head is not enough (:func:`colour_shape_tokens`,
+:func:`colour_shape_target`), lives here too, so that the chapter and its *Going deeper* page share it.
 """
 
 from __future__ import annotations
@@ -37,11 +42,15 @@ from .self_attention import (
 )
 
 if TYPE_CHECKING:  # the cache is taught in chapter 7; only its type is needed here
-    from .language_models import KVCache
+    from .kv_cache import KVCache
 
 __all__ = [
+    "KINDS",
     "AttentionLayer",
     "SelfAttention",
+    "colour_shape_sequence",
+    "colour_shape_target",
+    "colour_shape_tokens",
     "merge_heads",
     "multi_head_attention",
     "multi_head_attention_reference",
@@ -344,3 +353,53 @@ class SelfAttention(AttentionLayer):
         if cache is not None:  # chapter 7: the keys and values of the earlier tokens come first
             K, V = cache.update(K, V)  # (B, H, M, d_k), M = tokens so far
         return self.attend(Q, K, V, mask)  # (B, N, D)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The colour-and-shape task of the chapter: two relations at once, which one head cannot serve
+
+COLOURS, SHAPES = ("red", "blue"), ("circle", "square")
+KINDS = tuple((c, s) for c in COLOURS for s in SHAPES)  # red circle, red square, blue circle, ...
+
+
+def colour_shape_tokens(words: list[str]) -> Tensor:
+    """``(N, 4)`` float64 tokens for words such as ``"red circle"``: a colour one-hot, then a shape
+    one-hot, ``x_n = [x_n^col, x_n^shp]``."""
+    rows = []
+    for word in words:
+        colour, _, shape = word.partition(" ")
+        if colour not in COLOURS or shape not in SHAPES:
+            raise ValueError(
+                f"{word!r} is not '<colour> <shape>' with a colour in {COLOURS} and a shape in "
+                f"{SHAPES}"
+            )
+        rows.append([float(colour == c) for c in COLOURS] + [float(shape == s) for s in SHAPES])
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def colour_shape_sequence(counts: tuple[int, int, int, int]) -> Tensor:
+    """The tokens of a sequence with ``counts[j]`` tokens of kind ``KINDS[j]``, kinds in that order."""
+    return colour_shape_tokens(
+        [f"{c} {s}" for (c, s), k in zip(KINDS, counts, strict=True) for _ in range(k)]
+    )
+
+
+def colour_shape_target(X: Tensor) -> Tensor:
+    r"""The task's output for tokens ``X`` ``(N, 4)``, token by token with plain loops.
+
+    Implements: eq-mh-toy
+
+    .. math:: \mathbf{y}_n = \Big[\tfrac{1}{|\mathcal{C}_n|}\sum_{m\in\mathcal{C}_n}\mathbf{x}^\text{shp}_m,\
+              \tfrac{1}{|\mathcal{S}_n|}\sum_{m\in\mathcal{S}_n}\mathbf{x}^\text{col}_m\Big]
+
+    the shapes among the tokens of token ``n``'s colour (``C_n``), then the colours among the tokens of
+    its shape (``S_n``).
+    """
+    col, shp = X[:, :2], X[:, 2:]
+    Y = torch.zeros_like(X)
+    for n in range(len(X)):
+        same_colour = [m for m in range(len(X)) if torch.equal(col[m], col[n])]
+        same_shape = [m for m in range(len(X)) if torch.equal(shp[m], shp[n])]
+        Y[n, :2] = sum(shp[m] for m in same_colour) / len(same_colour)
+        Y[n, 2:] = sum(col[m] for m in same_shape) / len(same_shape)
+    return Y

@@ -1,10 +1,11 @@
 """Position: sinusoidal encodings, learned position embeddings, and the relative-shift matrix.
 
-Chapter: *Position* (Turner 2023 sec. 3 and footnote 19; Bishop & Bishop 2024 sec. 2.14 and exercises
-7-10; MIT 6.390 sec. 9.5.1). Rows are positions: an encoding ``R`` is ``(N, D)`` and row ``n`` is added
-to (or concatenated with) token ``n``. The argument ``base`` of the sinusoidal functions is the base
-:math:`\\Omega` of the frequencies :math:`\\omega_j = \\Omega^{-2j/D}` (Vaswani et al. use ``10000``;
-Bishop calls it :math:`L`, a letter the book keeps for the number of layers).
+Chapter: *Position* (Turner 2023 sec. 3 and footnote 19; the lecture notes on Bishop and Bishop's
+chapter 12, ``bishop2024notes``, sec. 2.14 and exercises 7-10; MIT 6.390 sec. 9.5.1). Rows are
+positions: an encoding ``R`` is ``(N, D)`` and row ``n`` is added to (or concatenated with) token ``n``.
+The argument ``base`` of the sinusoidal functions is the base :math:`\\Omega` of the frequencies
+:math:`\\omega_j = \\Omega^{-2j/D}` (Vaswani et al. use ``10000``; the notes call it :math:`L`, a letter
+the book keeps for the number of layers).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def sinusoidal_encoding(
 
     Implements: eq-pos-sinusoid, eq-pos-bishop
 
-    Vaswani et al. (2017) use ``base = 10000``; Bishop's figure 10 uses 30. For odd ``D`` the last
+    Vaswani et al. (2017) use ``base = 10000``; the lecture notes' figure 10 uses 30. For odd ``D`` the last
     column is a sine. Raises ``ValueError`` for ``N < 0``, ``D < 1`` or ``base <= 1``.
     """
     if N < 0 or D < 1:
@@ -46,9 +47,10 @@ def sinusoidal_encoding(
 def relative_shift_matrix(
     k: int, D: int, base: float = 10_000.0, device: torch.device | str | None = None, dtype=None
 ) -> Tensor:
-    r"""The rotation ``Phi_k`` ``(D, D)`` with ``r_{n+k} = Phi_k r_n`` for every ``n`` (Bishop
-    exercise 10): block diagonal, one 2x2 block ``[[cos w k, sin w k], [-sin w k, cos w k]]`` per
-    frequency ``w = omega_j``. In rows, ``R[n + k] = R[n] @ Phi_k.T``.
+    r"""The rotation ``Phi_k`` ``(D, D)`` with ``r_{n+k} = Phi_k r_n`` for every ``n`` (the
+    lecture notes' exercise 10): block diagonal, one 2x2 block
+    ``[[cos w k, sin w k], [-sin w k, cos w k]]`` per frequency ``w = omega_j``. In rows,
+    ``R[n + k] = R[n] @ Phi_k.T``.
 
     Implements: eq-pos-rotation, eq-pos-shift
 
@@ -71,8 +73,9 @@ class LearnedPositionalEmbedding(nn.Module):
 
     Implements: eq-pos-learned, eq-pos-add
 
-    The table ``R`` (``table.weight``) has ``C = max_len`` rows of width ``D = d_model``. Sequences
-    that reach beyond row ``C - 1`` raise ``ValueError``: a learned table has no row for them.
+    The table ``R`` (``table.weight``) has ``C = max_len`` rows of width ``D = d_model``, rows
+    ``0 .. C - 1`` for positions ``0 .. C - 1``. Positions outside them (a sequence that reaches beyond
+    row ``C - 1``, or a negative ``start``) raise ``ValueError``: a learned table has no row for them.
     """
 
     def __init__(self, max_len: int, d_model: int) -> None:
@@ -84,6 +87,8 @@ class LearnedPositionalEmbedding(nn.Module):
     def forward(self, X: Tensor, start: int = 0) -> Tensor:
         """``X`` ``(B, N, D)``; ``start > 0`` when earlier positions sit in a KV cache."""
         N = X.shape[-2]
+        if start < 0:
+            raise ValueError(f"start={start}: positions count from 0, so start must be >= 0")
         if start + N > self.max_len:
             raise ValueError(
                 f"positions {start}..{start + N - 1} go beyond the {self.max_len} learned positions; "

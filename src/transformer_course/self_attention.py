@@ -1,7 +1,8 @@
 """Self-attention: scores, the softmax, scaled dot-product attention, masks and the single-head layer.
 
-Chapter: *Self-attention* (Bishop & Bishop 2024 sec. 2.8-2.10 and Algorithm 1; Turner 2023 eq. 3;
-MIT 6.390 sec. 9.3-9.4.1 and 9.5.2); *Notation and conventions* previews the single-head form. Convention:
+Chapter: *Self-attention* (the lecture notes on Bishop & Bishop's chapter 12, ``bishop2024notes``,
+sec. 2.8-2.10 and Algorithm 1 in the notes' own numbering; Turner 2023 eq. 3; MIT 6.390 sec.
+9.3-9.4.1 and 9.5.2); *Notation and conventions* previews the single-head form. Convention:
 rows are tokens. Queries ``Q`` are ``(..., N, d_k)``, keys ``K`` are ``(..., M, d_k)``, values ``V`` are
 ``(..., M, d_v)``; scores ``S`` and weights ``A`` are ``(..., N, M)`` and each row of ``A`` sums to
 one.
@@ -12,7 +13,7 @@ Masks are boolean with ``True`` meaning "query n may attend to key m", the conve
 choice, never NaN.
 
 Every equation has a reference function that reads like the mathematics and an efficient one that
-calls ``F.scaled_dot_product_attention``; ``tests/test_attention.py`` proves them equal.
+calls ``F.scaled_dot_product_attention``; ``tests/test_self_attention.py`` proves them equal.
 """
 
 from __future__ import annotations
@@ -112,9 +113,11 @@ def key_padding_mask(
 
     Sequence ``i`` of the batch has ``lengths[i]`` real tokens followed by placeholders, and
     ``mask[i, n, m] = m < lengths[i]`` for every query ``n``: no query attends to a placeholder, so
-    the outputs on the real tokens are those of the sequence run on its own. Combine it with
-    :func:`causal_mask` by ``&`` for a decoder. The rows of padded queries are not all ``False``
-    (they attend to the real keys) and their outputs are simply discarded.
+    the outputs on the real tokens are those of the sequence run on its own, whatever finite values
+    the placeholders hold (an infinite or NaN placeholder still gives NaN: its weight is 0, and
+    ``0 * inf`` is NaN in ``A @ V``). Combine it with :func:`causal_mask` by ``&`` for a decoder.
+    The rows of padded queries are not all ``False`` (they attend to the real keys) and their
+    outputs are simply discarded.
 
     Raises:
         ValueError: for a length below 1 or above ``N`` (a sequence with no real token would leave
@@ -150,7 +153,7 @@ def attention_weights(
         Q: queries ``(..., N, d_k)``.
         K: keys ``(..., M, d_k)``.
         mask: optional bool ``(N, M)`` or ``(..., N, M)``; ``False`` entries get weight exactly 0.
-        scale: multiplies the scores; default ``1/sqrt(d_k)`` (Bishop eq. 14, Vaswani et al.).
+        scale: multiplies the scores; default ``1/sqrt(d_k)`` (the notes' eq. 14, Vaswani et al.).
 
     Returns:
         ``A`` of shape ``(..., N, M)``; each row sums to one, except rows whose mask is all
@@ -228,7 +231,8 @@ def scaled_dot_product_attention_reference(
     .. math:: \operatorname{Attention}(Q, K, V) = \operatorname{softmax}_\text{row}
               \left(\frac{Q K^\top}{\sqrt{d_k}}\right) V
 
-    (Bishop & Bishop 2024, eq. 14 and Algorithm 1; Vaswani et al. 2017, eq. 1; MIT 6.390 sec. 9.4.1.)
+    (The notes on Bishop & Bishop, eq. 14 and Algorithm 1; Vaswani et al. 2017, eq. 1; MIT 6.390
+    sec. 9.4.1.)
 
     Args:
         Q: ``(..., N, d_k)``; K: ``(..., M, d_k)``; V: ``(..., M, d_v)``.
@@ -335,7 +339,8 @@ def _check_weights(X: Tensor, **W: Tensor) -> None:
 def single_head_reference(
     X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, mask: Tensor | None = None
 ) -> Tensor:
-    r"""Single-head scaled dot-product self-attention, book eq. ``eq-self-attention`` (Bishop Algorithm 1),
+    r"""Single-head scaled dot-product self-attention, book eq. ``eq-self-attention`` (the notes'
+    Algorithm 1),
     with the projections of eqs. ``eq-row-projection`` and ``eq-sa-qkv``.
 
     Implements: eq-self-attention, eq-row-projection, eq-sa-qkv

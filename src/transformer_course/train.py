@@ -153,13 +153,13 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
     Implements: eq-train-schedule
 
-    With ``s = step + 1`` the update's number, ``s_w`` = ``warmup_steps`` and ``s_max`` = ``max_steps``:
+    With ``u = step + 1`` the update's number, ``u_w`` = ``warmup_steps`` and ``u_max`` = ``max_steps``:
 
-    .. math:: \eta_s = \eta\,\frac{s}{s_\text{w}}\ (s \le s_\text{w}),\qquad
-              \eta_s = \eta_\min + \tfrac12(\eta - \eta_\min)
-              \Big(1 + \cos\frac{\pi (s - 1 - s_\text{w})}{s_\text{max} - s_\text{w}}\Big)
+    .. math:: \eta_u = \eta\,\frac{u}{u_\text{w}}\ (u \le u_\text{w}),\qquad
+              \eta_u = \eta_\min + \tfrac12(\eta - \eta_\min)
+              \Big(1 + \cos\frac{\pi (u - 1 - u_\text{w})}{u_\text{max} - u_\text{w}}\Big)
 
-    The peak ``lr`` is used twice (updates ``s_w`` and ``s_w + 1``) and the last update stops one
+    The peak ``lr`` is used twice (updates ``u_w`` and ``u_w + 1``) and the last update stops one
     step short of ``min_lr``; ``torch.optim.lr_scheduler.SequentialLR`` over ``LinearLR`` and
     ``CosineAnnealingLR`` gives the same sequence (``tests/test_training.py``).
     """

@@ -57,7 +57,9 @@ class ViTConfig:
     ``patch_stride`` ``None`` cuts non-overlapping ``patch_size`` patches (the ViT's); a smaller stride
     gives overlapping patches (book eq. ``eq-vit-overlap``), e.g. ``patch_size=4, patch_stride=2``.
     ``patch_init`` is ``"gpt2"`` (the patch map drawn from N(0, 0.02^2) like every other weight) or
-    ``"lecun"`` (N(0, 1 / (C P^2)), as the ViT authors' code initialises it; book eq. ``eq-vit-init``).
+    ``"lecun"`` (N(0, 1 / (C P^2)), LeCun's variance; the ViT authors' code gets the same variance from
+    Flax's default initialiser, which truncates the normal at two standard deviations; book eq.
+    ``eq-vit-init``).
     """
 
     image_size: int = 8
@@ -125,7 +127,7 @@ class ViT(nn.Module):
         )
         self.head = nn.Linear(c.d_model, c.n_classes)
         self.apply(gpt2_init)
-        if c.patch_init == "lecun":  # book eq. eq-vit-init: std 1/sqrt(C P^2), as the ViT's code
+        if c.patch_init == "lecun":  # book eq. eq-vit-init: std 1/sqrt(C P^2), untruncated
             nn.init.normal_(self.patch.proj.weight, std=self.patch.proj.in_features**-0.5)
 
     def tokens(self, images: Tensor) -> Tensor:
@@ -246,9 +248,9 @@ def mixup(
 def shifted_probabilities(model: nn.Module, images: Tensor) -> Tensor:
     """Test-time shifts: the mean softmax over the nine copies of each image shifted by at most one
     pixel (zeros filled in); ``(B, n_classes)``."""
-    H, W = images.shape[-2:]
-    padded = F.pad(images, (1, 1, 1, 1))
-    copies = [padded[..., dy : dy + H, dx : dx + W] for dy in range(3) for dx in range(3)]
+    H_px, W_px = images.shape[-2:]
+    padded = F.pad(images, (1, 1, 1, 1))  # (B, C_in, H_px + 2, W_px + 2), zeros around
+    copies = [padded[..., dy : dy + H_px, dx : dx + W_px] for dy in range(3) for dx in range(3)]
     return torch.stack([model(c).softmax(dim=-1) for c in copies]).mean(dim=0)
 
 
@@ -390,9 +392,10 @@ def position_similarity(R: Tensor) -> Tensor:
 
 
 def mcnemar(hits_a: Tensor, hits_b: Tensor) -> tuple[float, int, int]:
-    """Exact two-sided McNemar test of two classifiers on the same test set: ``(p, n01, n10)``
-    with ``n01`` the items only ``a`` got right and ``n10`` those only ``b`` got right;
-    ``hits_a`` and ``hits_b`` are bool tensors of one entry per test item.
+    """Exact two-sided McNemar test of two classifiers on the same test set: ``(p, n10, n01)``
+    with ``n10`` the items only ``a`` got right (a right = 1, b wrong = 0, the usual table's cell)
+    and ``n01`` those only ``b`` got right; ``hits_a`` and ``hits_b`` are bool tensors of one entry
+    per test item.
 
     Implements: eq-vit-mcnemar
     """
@@ -401,7 +404,7 @@ def mcnemar(hits_a: Tensor, hits_b: Tensor) -> tuple[float, int, int]:
             "hits_a and hits_b must be bool tensors of the same shape (one entry per test item), got "
             f"{hits_a.dtype} {tuple(hits_a.shape)} and {hits_b.dtype} {tuple(hits_b.shape)}"
         )
-    n01, n10 = int((hits_a & ~hits_b).sum()), int((~hits_a & hits_b).sum())
-    n = n01 + n10
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(n01, n10) + 1)) / 2**n)
-    return p, n01, n10
+    n10, n01 = int((hits_a & ~hits_b).sum()), int((~hits_a & hits_b).sum())
+    n = n10 + n01
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(n10, n01) + 1)) / 2**n)
+    return p, n10, n01

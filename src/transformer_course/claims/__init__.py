@@ -14,13 +14,14 @@ The claims and their functions (``CLAIMS`` maps the short names the benchmark us
 * ``batchnorm``, :func:`layernorm_vs_batchnorm`: BatchNorm in place of LayerNorm (Turner fig. 5; Shen
   et al. 2020);
 * ``concat``, :func:`added_vs_concatenated`: position codes added to or concatenated with the token
-  vectors (Turner footnote 19; Bishop & Bishop 2024 sec. 2.14.1);
+  vectors (Turner footnote 19; the lecture notes on Bishop and Bishop's chapter 12, ``bishop2024notes``,
+  sec. 2.14.1, cited below as *the notes*);
 * ``norm_position``, :func:`pre_vs_post_norm`: pre-norm against post-norm blocks as depth grows, with
-  and without learning-rate warm-up (Bishop eqs. 20-23; Xiong et al. 2020);
+  and without learning-rate warm-up (the notes' eqs. 20-23; Xiong et al. 2020);
 * ``scale``, :func:`scaled_vs_unscaled`: attention with and without the ``1/sqrt(d_k)`` scale, and the
-  saturation of the softmax it prevents (Bishop sec. 2.10);
+  saturation of the softmax it prevents (the notes, sec. 2.10);
 * ``length``, :func:`length_generalisation`: positions beyond the training length for sinusoidal,
-  learned and no position codes (Bishop sec. 2.14.4); the scheme is an argument, so other chapters can
+  learned and no position codes (the notes, sec. 2.14.4); the scheme is an argument, so other chapters can
   add theirs.
 
 Every setting is fixed here, in ``SETTINGS["small"]`` for the book's live runs and the tests and
@@ -56,7 +57,7 @@ from .recipes import (
 )
 from .recorded import at_best_rates, best_rates, load_lr_grid, load_recorded, plot_seeds
 from .runs import ClaimResult, PairedComparison, Run, Variant, run_variants
-from .stats import paired_t_interval, sign_test, student_t_cdf, student_t_quantile
+from .stats import paired_t_interval, sign_test, student_t_cdf, student_t_quantile, width_ratio
 from .variants import (
     BatchNormBlock,
     TiedQKBlock,
@@ -113,5 +114,6 @@ __all__ = [
     "student_t_cdf",
     "student_t_quantile",
     "unit_variance_qk_",
+    "width_ratio",
     "xavier_linear_",
 ]

@@ -85,13 +85,13 @@ def added_vs_concatenated(
     setting: str | ClaimsRecipe = "small", seeds: Sequence[int] | None = None,
     device: torch.device | str = "cpu", steps: int | None = None, log=None,
 ) -> ClaimResult:  # fmt: skip
-    """Claim 3 (Turner footnote 19; Bishop sec. 2.14.1): learned positions added to the tokens, or
-    concatenated with them.
+    """Claim 3 (Turner footnote 19; the lecture notes, ``bishop2024notes``, sec. 2.14.1 and exercise
+    9): learned positions added to the tokens, or concatenated with them.
 
     Variants ``added`` (baseline: width :math:`D`), ``concatenated`` (the same width :math:`D`: tokens
     of :math:`D - d_\\text{pos}` features and positions of :math:`d_\\text{pos}`) and
     ``concatenated_wider`` (tokens of :math:`D` features and :math:`d_\\text{pos}` more for the
-    positions, so every later layer is :math:`D + d_\\text{pos}` wide: Bishop's "increase in
+    positions, so every later layer is :math:`D + d_\\text{pos}` wide: the notes' "increase in
     computational cost"). Two more arms repeat ``added`` and ``concatenated`` with GPT-2's
     initialisation of the embedding tables (standard deviation 0.02 instead of
     :data:`EMBEDDING_STD`): ``added/gpt2-init`` and ``concatenated/gpt2-init``. Parameters and training
@@ -121,7 +121,7 @@ def pre_vs_post_norm(
     device: torch.device | str = "cpu", steps: int | None = None, log=None,
     depths: Sequence[int] | None = None,
 ) -> ClaimResult:  # fmt: skip
-    """Claim 4 (Bishop eqs. 20-23; Xiong et al. 2020): pre-norm against post-norm blocks at each of
+    """Claim 4 (the notes' eqs. 20-23; Xiong et al. 2020): pre-norm against post-norm blocks at each of
     the recipe's ``depths``, each with and without learning-rate warm-up (``recipe.depth_seeds``).
 
     Variants are named ``"{pre|post}/L{depth}/{warmup|no-warmup}"``; the baseline is the first,
@@ -161,11 +161,12 @@ def scaled_vs_unscaled(
     setting: str | ClaimsRecipe = "small", seeds: Sequence[int] | None = None,
     device: torch.device | str = "cpu", steps: int | None = None, log=None,
 ) -> ClaimResult:  # fmt: skip
-    """Claim 5 (Bishop sec. 2.10): attention with and without the :math:`1/\\sqrt{d_k}` scale.
+    """Claim 5 (the notes, sec. 2.10; MIT 6.390 sec. 9.3.2): attention with and without the
+    :math:`1/\\sqrt{d_k}` scale.
 
     One head (:math:`d_k = D`, the largest the width allows, where the claim bites hardest), with the
     query and key maps initialised so that queries and keys have unit-variance entries
-    (:func:`unit_variance_qk_`: the premise of Bishop's argument). Variants ``scaled`` (baseline) and
+    (:func:`unit_variance_qk_`: the premise of the notes' argument). Variants ``scaled`` (baseline) and
     ``unscaled`` (:class:`UnscaledBlock`). Figures: the held-out loss, and the attention entropy
     (:func:`normalised_entropy`) and mean largest weight at initialisation and after training.
     """
@@ -220,7 +221,7 @@ def length_generalisation(
     device: torch.device | str = "cpu", steps: int | None = None, log=None,
     factor: int | None = None,
 ) -> ClaimResult:  # fmt: skip
-    """Claim 6 (Bishop sec. 2.14.4): train on windows of :math:`C` tokens, then measure the loss at
+    """Claim 6 (the notes, sec. 2.14.4): train on windows of :math:`C` tokens, then measure the loss at
     every position of held-out windows ``factor`` times longer (:func:`loss_by_position`).
 
     Args:
@@ -231,9 +232,10 @@ def length_generalisation(
             those, or a mapping ``{label: scheme}``. The first is the baseline.
         factor: evaluation length over training length (default: the recipe's ``length_factor``).
 
-    Figures per run: ``loss_in_range`` (mean of :math:`\\ell_n` over the trained positions
-    :math:`n < C`), ``loss_beyond`` (over :math:`C \\le n < \\text{factor}\\cdot C`, the claim's
-    metric) and ``loss_by_position``.
+    Figures per run: ``loss_in_range`` (the mean of the loss by position :math:`\\mathcal L_n`, book
+    eq. ``eq-claims-position-loss``, over the trained positions :math:`n = 1, \\dots, C`),
+    ``loss_beyond`` (over :math:`n = C + 1, \\dots, \\text{factor}\\cdot C`, the claim's metric) and
+    ``loss_by_position`` (:math:`\\mathcal L_1, \\mathcal L_2, \\dots` in order).
     """
     recipe = _recipe(setting)
     factor = recipe.length_factor if factor is None else factor

@@ -52,7 +52,7 @@ class ClaimsConfig:
 
 
 class ClaimsLM(nn.Module):
-    r"""The small causal character model of every claim: :math:`X^{(0)} = \mathrm{pos}(E[\mathbf t])`,
+    r"""The small causal character model of every claim: :math:`X^{(0)} = \mathrm{pos}(E[\mathbf s])`,
     then :math:`L` causal ``block``s (:class:`.block.TransformerStack`, GELU MLPs of width
     :math:`4D`, a final norm for pre-norm blocks), then a linear head to :math:`|\mathcal V|` logits.
 
@@ -115,7 +115,8 @@ class ClaimsLM(nn.Module):
 def unit_variance_qk_(model: nn.Module) -> nn.Module:
     r"""Re-initialise every self-attention layer's query and key maps with entries
     :math:`\mathcal N(0, 1/D)`, in place: for tokens normalised to unit variance, queries and keys then
-    have entries of unit variance, the premise of Bishop's argument for the scale (sec. 2.10).
+    have entries of unit variance, the premise of the lecture notes' argument for the scale
+    (``bishop2024notes``, sec. 2.10).
     Returns ``model``."""
     with torch.no_grad():
         for m in model.modules():
@@ -129,7 +130,11 @@ def xavier_linear_(model: nn.Module) -> nn.Module:
     r"""Re-initialise every ``nn.Linear`` of ``model`` in place with Glorot & Bengio's uniform
     weights, :math:`\mathcal U(-a, a)` with :math:`a = \sqrt{6/(\text{fan}_\text{in} +
     \text{fan}_\text{out})}`, and zero biases: the initialisation Xiong et al. (2020) analyse, under
-    which every branch of a block starts about as large as its input. Returns ``model``."""
+    which every branch of a block starts about as large as its input. Every linear map changes,
+    the head ``lm_head`` included; the fused query-key-value map ``in_proj`` is drawn as one
+    :math:`3D \times D` matrix (fan-out :math:`3D`, as ``nn.MultiheadAttention`` draws its
+    ``in_proj_weight``), not as three :math:`D \times D` matrices, so its bound is :math:`\sqrt{6/4D}`
+    rather than :math:`\sqrt{6/2D}`. Returns ``model``."""
     for m in model.modules():
         if isinstance(m, nn.Linear):
             nn.init.xavier_uniform_(m.weight)

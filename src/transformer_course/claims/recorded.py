@@ -67,37 +67,61 @@ def _mean_or_inf(values: Mapping[int, Any]) -> float:
     return sum(values.values()) / len(values)
 
 
-def best_rates(grid: Mapping[float, ClaimResult], key: str | None = None) -> dict[str, float]:
+def best_rates(
+    grid: Mapping[float, ClaimResult], select: str | None = None, leave_out: int | None = None
+) -> dict[str, float]:
     """Each variant's best learning rate in ``grid`` (``{lr: ClaimResult}`` of one claim): the rate
-    with the lowest mean figure over the seeds, a rate where a run diverged never being chosen. Only
+    with the lowest mean over the seeds of the figure ``select`` (default: the claim's
+    :attr:`ClaimResult.selection`), a rate where a run diverged never being chosen. ``leave_out``: a
+    seed whose runs are ignored (the leave-one-seed-out choice of :func:`at_best_rates`). Only
     variants recorded at every rate are ranked; ties go to the smaller rate."""
     results = [grid[lr] for lr in sorted(grid)]
     if not results:
         raise ValueError("the grid is empty: record the claim at some rate first")
+    select = select or results[0].selection
     variants = [v for v in results[0].variants if all(v in r.variants for r in results)]
     best = {}
     for v in variants:
-        means = {lr: _mean_or_inf(grid[lr].values(v, key)) for lr in sorted(grid)}
+        means = {}
+        for lr in sorted(grid):
+            values = {s: x for s, x in grid[lr].values(v, select).items() if s != leave_out}
+            means[lr] = _mean_or_inf(values)
         best[v] = min(means, key=lambda lr: (means[lr], lr))
     return best
 
 
 def at_best_rates(
     grid: Mapping[float, ClaimResult], variant: str, baseline: str, key: str | None = None,
+    select: str | None = None, leave_one_out: bool = False,
 ) -> PairedComparison:  # fmt: skip
-    """``variant`` at its own best rate against ``baseline`` at its own (:func:`best_rates`), seed by
-    seed. The rate is chosen on the same runs that are then compared, so the winner of each arm's
-    grid is slightly flattered (both arms equally, when their grids are equally wide)."""
-    best = best_rates(grid, key)
+    """``variant`` at its own best rate against ``baseline`` at its own, seed by seed, compared on
+    ``key`` (default: the claim's figure). The rates are chosen by :func:`best_rates` on ``select``
+    (default: the claim's :attr:`ClaimResult.selection`).
+
+    With ``leave_one_out=False`` both rates are chosen on every seed's runs, so each seed's figure is
+    compared at a rate its own runs helped to choose: the rate that looked best by the luck of those
+    runs flatters them, on the compared figure and, more weakly, on any other figure of the same runs
+    (the training loss and the held-out loss of one run share its initial weights and batches). With
+    ``leave_one_out=True`` seed ``s`` is compared at the rates chosen on the other seeds' runs alone
+    (``best_rates(grid, select, leave_out=s)``), so no seed's figure helped to choose its own rate;
+    the rates may then differ from seed to seed. Either way the t-interval treats the per-seed
+    differences as independent, which a choice shared by the seeds makes only approximately true.
+    """
+    ranked = best_rates(grid, select)  # raises on an empty grid
     for v in (variant, baseline):
-        if v not in best:
+        if v not in ranked:
             raise KeyError(
-                f"{v!r} is not recorded at every rate of {sorted(grid)}; ranked: {sorted(best)}"
+                f"{v!r} is not recorded at every rate of {sorted(grid)}; ranked: {sorted(ranked)}"
             )
-    first = grid[best[baseline]]
-    runs = [r for r in first.runs if r.variant == baseline] + [
-        r for r in grid[best[variant]].runs if r.variant == variant
-    ]
+    seeds = sorted(
+        {r.seed for lr in grid for r in grid[lr].runs if r.variant in (variant, baseline)}
+    )
+    choices = {s: best_rates(grid, select, s) if leave_one_out else ranked for s in seeds}
+    runs = []
+    for s in seeds:
+        for v in (baseline, variant):
+            runs += [r for r in grid[choices[s][v]].runs if r.variant == v and r.seed == s]
+    first = grid[choices[seeds[0]][baseline]]
     merged = dataclasses.replace(first, variants=[baseline, variant], baseline=baseline, runs=runs)
     return merged.compare(variant, baseline, key)
 

@@ -38,12 +38,15 @@ class Run:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def get(self, key: str) -> Any:
-        """``val_loss``, ``params``, ``seconds`` or a key of ``extra``."""
+        """``val_loss``, ``params``, ``seconds``, ``train_loss_final`` (the training loss of the last
+        stretch of ``curve``; ``None`` for a diverged run) or a key of ``extra``."""
         if key in ("val_loss", "params", "seconds"):
             return getattr(self, key)
+        if key == "train_loss_final":
+            return self.curve[-1] if self.val_loss is not None and self.curve else None
         if key not in self.extra:
             raise KeyError(f"run has no figure {key!r}; it has val_loss, params, seconds, "
-                           f"{', '.join(sorted(self.extra))}")  # fmt: skip
+                           f"train_loss_final, {', '.join(sorted(self.extra))}")  # fmt: skip
         return self.extra[key]
 
 
@@ -82,6 +85,11 @@ class PairedComparison:
         return text
 
 
+SELECTION = {"loss_beyond": "loss_in_range"}
+"""The figure a learning rate is chosen on, for a claim judged by another (:attr:`ClaimResult.selection`):
+the length claim, judged beyond the training length, chooses its rates on the loss inside it."""
+
+
 @dataclass
 class ClaimResult:
     """Every run of one claim, with what it was run on. ``metric`` is the figure the claim is judged
@@ -99,6 +107,17 @@ class ClaimResult:
     recipe: dict[str, Any] = field(default_factory=dict)
     commit: str = ""
     date: str = ""
+
+    @property
+    def selection(self) -> str:
+        """The figure each arm's learning rate is chosen on (:func:`.recorded.best_rates`): the loss
+        inside the training length for the length claim (:data:`SELECTION`), whose compared figure,
+        the loss beyond it, is lowest for the models that learned least; otherwise the training loss
+        of the last twentieth of the steps, measured on training batches, not on the held-out ones.
+        This avoids that systematic trap, not the luck of the runs: both figures come from the same
+        runs, so choosing on one still flatters the other (:func:`.recorded.at_best_rates` with
+        ``leave_one_out=True`` avoids that too)."""
+        return SELECTION.get(self.metric, "train_loss_final")
 
     def values(self, variant: str, key: str | None = None) -> dict[int, Any]:
         """``{seed: figure}`` of one variant (``None`` for a diverged run's losses)."""

@@ -8,7 +8,8 @@ of attention weights that do not sum to one, or one of the exercise's known mist
 ``1/sqrt(d_k)`` scale, a softmax over the wrong axis, ...). ``tc.exercises.solution(name)`` prints the
 reference solution's source.
 
-Exercises are defined per chapter: ``exercises/X.py`` registers the exercises ``X.*`` of chapter ``X``.
+Exercises are defined per chapter: ``exercises/X.py`` (or the subpackage ``exercises/X/``, one file per
+part of its lab) registers the exercises ``X.*`` of chapter ``X``.
 Nothing is imported until an exercise is asked for: :func:`check` and :func:`solution` import the one
 chapter module they need, :func:`list_exercises` imports those it lists.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import pathlib
 import pkgutil
 import re
 import textwrap
@@ -41,9 +44,22 @@ __all__ = [
     "list_exercises",
     "randn",
     "solution",
+    "where_raised",
 ]
 
 _REGISTRY: dict[str, Exercise] = {}
+_PACKAGE_DIR = str(pathlib.Path(__file__).resolve().parents[1])
+_TORCH_DIR = f"{os.sep}torch{os.sep}"
+
+
+def where_raised(err: BaseException) -> str:
+    """Where the learner's code raised ``err``, as `` (line 12: the line)``: the last frame of its
+    traceback outside the course's package and outside PyTorch, so that a crash inside a torch function
+    quotes the learner's call, not torch's internals (the last frame when no other is left)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    mine = [f for f in frames if _PACKAGE_DIR not in f.filename and _TORCH_DIR not in f.filename]
+    frame = (mine or frames or [None])[-1]
+    return f" (line {frame.lineno}: {frame.line})" if frame is not None else ""
 
 
 @dataclass(frozen=True)
@@ -80,7 +96,10 @@ class Exercise:
         make_inputs: ``(generator, trial) -> tuple`` of positional arguments for both functions.
         mistakes: the known :class:`Mistake` s; when the learner's output equals a mistake's output,
             its explanation is the feedback.
-        rows_sum_to_one: the output is a matrix of attention weights whose rows sum to one.
+        rows_sum_to_one: the output's rows sum to one (attention weights, or a distribution per row).
+        rows_of, row_axis: what a row holds and what it runs over, for the messages about rows that
+            do not sum to one (attention weights over the keys, or a sampling distribution over the
+            vocabulary).
         atol, rtol: tolerances of the comparison (float64 inputs are used, so these are tight).
     """
 
@@ -90,6 +109,8 @@ class Exercise:
     make_inputs: Callable[[torch.Generator, int], tuple]
     mistakes: list[Mistake] = field(default_factory=list)
     rows_sum_to_one: bool = False
+    rows_of: str = "attention weights"
+    row_axis: str = "the keys"
     atol: float = 1e-8
     rtol: float = 1e-6
     trials: int = 3
@@ -115,10 +136,8 @@ class Exercise:
                     "not attempted", "replace `raise NotImplementedError` with your code."
                 )
             except Exception as err:  # the learner's bug: report it, never crash the notebook
-                frames = traceback.extract_tb(err.__traceback__)
-                where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
                 return self._feedback(
-                    "error", f"your function raised {type(err).__name__}: {err}{where}"
+                    "error", f"your function raised {type(err).__name__}: {err}{where_raised(err)}"
                 )
             verdict = self._compare(got, expected, args)
             if verdict is not None:
@@ -168,10 +187,10 @@ class Exercise:
                 if torch.allclose(col_sums, torch.ones_like(col_sums), atol=1e-6):
                     return (
                         "your columns sum to one but the rows do not: the softmax normalised over "
-                        "the wrong axis (use dim=-1, over the keys)."
+                        f"the wrong axis (use dim=-1, over {self.row_axis})."
                     )
                 return (
-                    f"rows of attention weights must sum to one; yours sum to values between "
+                    f"rows of {self.rows_of} must sum to one; yours sum to values between "
                     f"{row_sums.min():.4g} and {row_sums.max():.4g}."
                 )
         if got.dim() >= 2 and got.shape == got.mT.shape and _close(got.mT, expected, self):
@@ -292,9 +311,14 @@ def check(name: str, answer: Callable[..., Any] | None) -> Feedback:
 
 
 def solution(name: str) -> str:
-    """Return (and print) the source of the reference solution of exercise ``name``."""
-    src = textwrap.dedent(inspect.getsource(_get(name).solution))
-    src = src[re.search(r"^(def|class) ", src, flags=re.M).start() :]  # drop any @exercise(...)
+    """Return (and print) the source of the reference solution of exercise ``name``, after the sources
+    of the helpers it calls that the learner writes too (an exercise's ``helpers``, if any)."""
+    ex = _get(name)
+    sources = []
+    for obj in (*getattr(ex, "helpers", ()), ex.solution):
+        src = textwrap.dedent(inspect.getsource(obj))
+        sources.append(src[re.search(r"^(def|class) ", src, flags=re.M).start() :])  # no @exercise
+    src = "\n\n".join(sources)
     print(src)
     return src
 

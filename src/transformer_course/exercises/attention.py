@@ -138,9 +138,9 @@ def _circular(kernel: Tensor, N: int) -> Tensor:
     make_inputs=_kernel_inputs,
     mistakes=[
         Mistake(
-            "your kernel is flipped: that is a convolution in the signal-processing sense, "
-            "A[n, m] = kernel[n - m + j0]. F.conv1d (and Turner's A_{n',n} = A_{n'-n}) does not flip: "
-            "use kernel[m - n + j0].",
+            "your kernel is flipped, A[n, m] = kernel[J - 1 - (m - n + j0)] (for an odd J the same "
+            "as kernel[n - m + j0]): that is a convolution in the signal-processing sense. F.conv1d "
+            "(and Turner's A_{n',n} = A_{n'-n}) does not flip: use kernel[m - n + j0].",
             lambda k, N: _toeplitz(k, N, (k.numel() - 1) // 2, flip=True),
         ),
         Mistake(

@@ -1,10 +1,11 @@
 """Exercises of the *Transformer block* lab: LayerNorm from scratch, a pre-norm block from its parts,
 the flattened (Kronecker) form of a token-wise linear map, and the parameter count of a block.
 
-Chapter: *The transformer block* (Turner 2023 sec. 2.2-2.3; Bishop & Bishop 2024 sec. 2.12-2.13,
-Algorithm 3 and exercise 6; Dramko 2025 sec. 4). Every input is float64 so the checkers can use tight
-tolerances; the sub-modules handed to the block exercise have random (not default) weights so that each
-wrong arrangement gives different numbers.
+Chapter: *The transformer block* (Turner 2023 sec. 2.2-2.3; the lecture notes on Bishop & Bishop 2024,
+``bishop2024notes``, sec. 2.12-2.13, Algorithm 3 and exercise 6 in their own numbering; Dramko 2025
+sec. 4). Every input is float64 so the checkers can use tight tolerances; the sub-modules handed to the
+block exercise have random (not default) weights so that each wrong arrangement gives different
+numbers.
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def _ln(X: Tensor, gamma: Tensor, beta: Tensor, eps: float, dim=-1, unbiased=Fal
             "you normalised each feature over the batch and the tokens (dims 0 and 1): that is "
             "BatchNorm's axis. LayerNorm uses each token's own D features (dim=-1).",
             lambda X, g, b, eps: _ln(X, g, b, eps, dim=(0, 1)),
+        ),
+        Mistake(
+            "you normalised each sequence over its tokens and features together (dims -2 and -1), "
+            "the way some convolutional networks' 'LayerNorm' averages over positions and channels "
+            "(Turner's fig. 6). A transformer's LayerNorm uses each token's own D features (dim=-1).",
+            lambda X, g, b, eps: _ln(X, g, b, eps, dim=(-2, -1)),
         ),
         Mistake(
             "you used the unbiased variance (divide by D - 1); LayerNorm divides by D "
@@ -152,8 +159,9 @@ def _seed_001_block(X, attn, mlp, norm1, norm2):
     mistakes=[
         Mistake(
             "this is the post-norm order (norm after the residual sum, as in Vaswani et al. and "
-            "Bishop's Algorithm 3): Z = norm1(X + attn(X)). Pre-norm normalises the sub-layer's "
-            "input only: Z = X + attn(norm1(X)), then Z + mlp(norm2(Z)).",
+            "Algorithm 3 of the lecture notes on Bishop & Bishop): Z = norm1(X + attn(X)). "
+            "Pre-norm normalises the sub-layer's input only: Z = X + attn(norm1(X)), then "
+            "Z + mlp(norm2(Z)).",
             lambda X, attn, mlp, norm1, norm2: (lambda Z: norm2(Z + mlp(Z)))(norm1(X + attn(X))),
         ),
         Mistake(

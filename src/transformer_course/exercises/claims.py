@@ -2,8 +2,9 @@
 attention weights of tied query and key maps, BatchNorm over the batch and the tokens, and the
 normalised entropy of causal attention rows.
 
-Chapter: *Claims tested* (Turner 2023 footnote 9 and fig. 5; Bishop & Bishop 2024 sec. 2.10). Every
-input is float64 so the checkers can use tight tolerances.
+Chapter: *Claims tested* (Turner 2023 footnote 9 and fig. 5; the lecture notes on Bishop and Bishop's
+chapter 12, ``bishop2024notes``, sec. 2.10). Every input is float64 so the checkers can use tight
+tolerances.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def _interval(d: Tensor, sd: Tensor, t_crit: float, root_n: bool = True) -> Tens
     mistakes=[
         Mistake(
             "you treated the two samples as independent (standard error sqrt(s_x^2/n + s_y^2/n)): "
-            "the runs are paired by seed, so the spread that matters is that of the differences "
-            "d = y - x, whose shared seed-to-seed variation cancels.",
+            "the runs are paired by seed, so the interval is built from the spread of the differences "
+            "d = y - x. Variation the two arms share from seed to seed cancels in them, and the "
+            "paired interval stays valid whether they share any or not.",
             lambda x, y, t: _interval(
                 y - x, torch.sqrt(x.var() + y.var()), t
             ),  # (s_x^2/n + s_y^2/n)^(1/2) = sqrt(s_x^2 + s_y^2)/sqrt(n)

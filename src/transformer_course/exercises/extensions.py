@@ -62,7 +62,7 @@ def _rope_wrong(X, positions, base, *, layout="pairs", sign=1.0, exponent=2.0, p
         Mistake(
             "you rotated the wrong way (by -angle): the first feature of a pair becomes "
             "x_2i cos + x_2i+1 sin instead of x_2i cos - x_2i+1 sin. Scores still depend on offsets "
-            "only, but the result is R_{-n} x, not R_n x.",
+            "only, but the result is Theta_{-n} x, not Theta_n x.",
             lambda X, positions, base: _rope_wrong(X, positions, base, sign=-1.0),
         ),
         Mistake(

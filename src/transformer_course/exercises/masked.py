@@ -189,7 +189,7 @@ def _per_patch(pred: Tensor, target: Tensor) -> Tensor:
             ].mean(),
         ),
         Mistake(
-            "you scored all patches; only the hidden ones count (m_bn = 1), so average over those.",
+            "you scored all patches; only the hidden ones count (m_{i,n} = 1), so average over those.",
             lambda p, t, noise, r: _per_patch(p, t).mean(),
         ),
         Mistake(
@@ -198,7 +198,9 @@ def _per_patch(pred: Tensor, target: Tensor) -> Tensor:
             lambda p, t, noise, r: _per_patch(p, t)[_hidden(noise, int(r * noise.shape[1]))].mean(),
         ),
         Mistake(
-            "you kept the patches with the LARGEST numbers; keep the floor((1 - r) N) smallest.",
+            "you kept the patches with the LARGEST numbers: that is a different but equally valid "
+            "uniform mask (the MAE would train as well), but this checker draws the mask by the "
+            "prompt's convention, so keep the floor((1 - r) N) patches with the smallest numbers.",
             lambda p, t, noise, r: _per_patch(p, t)[
                 _hidden(-noise, int((1 - r) * noise.shape[1]))
             ].mean(),

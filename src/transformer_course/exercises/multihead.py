@@ -1,10 +1,12 @@
 """Exercises of the *Multi-head self-attention* lab: splitting and merging heads, multi-head
 attention from its weights, the whole layer as an ``nn.Module`` in about 20 lines (checked with the
-package's weights loaded into it), Turner's low-rank ``V_h``, and the parameter count of both forms.
+package's weights loaded into it), Turner's low-rank output maps ``U_o,h`` (his ``V_h``), and the
+parameter count of both forms.
 
-Chapter: *Multi-head self-attention* (Turner 2023 eq. 4-6 and footnotes 11-13; Bishop & Bishop 2024
-sec. 2.11, Algorithm 2 and exercise 5; MIT 6.390 sec. 9.4.2). Rows are tokens; head ``h`` owns the
-contiguous feature block ``h*d_k : (h+1)*d_k`` (columns of ``W_q, W_k, W_v``, rows of ``W_o``), as in
+Chapter: *Multi-head self-attention* (Turner 2023 eq. 4-6 and footnotes 11-13; the lecture notes on
+Bishop & Bishop 2024, ``bishop2024notes``, sec. 2.11, Algorithm 2 and exercise 5 in their own numbering;
+MIT 6.390 sec. 9.4.2). Rows are tokens; head ``h`` owns the contiguous feature block
+``h*d_k : (h+1)*d_k`` (columns of ``W_q, W_k, W_v``, rows of ``W_o``), as in
 :mod:`transformer_course.multihead`. Inputs are float64 so the checkers can use tight tolerances.
 """
 
@@ -532,69 +534,72 @@ _register(
 
 
 # ---------------------------------------------------------------------------------------------------
-# 5. Turner's V_h from the value and output maps (Turner fn. 13; Bishop exercise 5)
+# 5. Turner's output maps U_o,h (his V_h) from the value and output maps (Turner fn. 13; exercise 5 of
+# the lecture notes on Bishop & Bishop). The answer is called U_o, not V: V is the values in the course.
 
-_V_SIZES = ((4, 2), (6, 3), (8, 4))  # (D, H) per trial
+_U_O_SIZES = ((4, 2), (6, 3), (8, 4))  # (D, H) per trial
 
 
-def _V_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, int]:
-    D, H = _V_SIZES[trial % 3]
+def _U_o_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, int]:
+    D, H = _U_O_SIZES[trial % 3]
     return randn(gen, D, D), randn(gen, D, D), H
 
 
 def _blocks(D: int, H: int) -> list[slice]:
-    d_k = D // H
-    return [slice(h * d_k, (h + 1) * d_k) for h in range(H)]  # head h's contiguous block
+    d_v = D // H
+    return [slice(h * d_v, (h + 1) * d_v) for h in range(H)]  # head h's contiguous block
 
 
-def _V_full_product(W_v: Tensor, W_o: Tensor, H: int) -> Tensor:
+def _U_o_full_product(W_v: Tensor, W_o: Tensor, H: int) -> Tensor:
     return (W_v @ W_o).T.expand(H, *W_v.shape)  # the same full-rank matrix for every head
 
 
-def _V_from_slices(W_v: Tensor, W_o: Tensor, H: int, slices) -> Tensor:
+def _U_o_from_slices(W_v: Tensor, W_o: Tensor, H: int, slices) -> Tensor:
     return torch.stack([(W_v[:, s] @ W_o[s, :]).T for s in slices])
 
 
 @exercise(
-    name="multihead.turner_V",
+    name="multihead.turner_U_o",
     prompt=(
-        "Given the value map W_v (D, D), the output map W_o (D, D) and H heads (d_k = D / H), return "
-        "Turner's output maps V of shape (H, D, D) with V[h] = (W_v^(h) W_o^(h))^T, where W_v^(h) "
-        "is columns h*d_k:(h+1)*d_k of W_v (D x d_k) and W_o^(h) is rows h*d_k:(h+1)*d_k of W_o "
-        "(d_k x D)."
+        "Given the value map W_v (D, D), the output map W_o (D, D) and H heads (d_v = D / H), return "
+        "Turner's output maps U_o of shape (H, D, D) with U_o[h] = (W_v^(h) W_o^(h))^T, where "
+        "W_v^(h) is columns h*d_v:(h+1)*d_v of W_v (D x d_v) and W_o^(h) is rows h*d_v:(h+1)*d_v "
+        "of W_o (d_v x D), head h counted from 0."
     ),
-    make_inputs=_V_inputs,
+    make_inputs=_U_o_inputs,
     mistakes=[
         Mistake(
-            "the transpose is missing: W_v^(h) W_o^(h) acts on rows (X W_v^(h) W_o^(h)); Turner's V_h "
-            "acts on columns (V_h X^T), so V_h = (W_v^(h) W_o^(h))^T.",
-            lambda W_v, W_o, H: _V_from_slices(W_v, W_o, H, _blocks(W_v.shape[0], H)).mT,
+            "the transpose is missing: W_v^(h) W_o^(h) acts on rows (X W_v^(h) W_o^(h)); Turner's map "
+            "U_o,h acts on columns (U_o,h X^T), so U_o,h = (W_v^(h) W_o^(h))^T.",
+            lambda W_v, W_o, H: _U_o_from_slices(W_v, W_o, H, _blocks(W_v.shape[0], H)).mT,
         ),
         Mistake(
             "you sliced columns of W_o (and transposed them to make the product fit); head h owns the "
-            "ROWS h*d_k:(h+1)*d_k of W_o, the rows that multiply its block of the concatenation.",
-            lambda W_v, W_o, H: _V_from_slices(W_v, W_o.T, H, _blocks(W_v.shape[0], H)),
+            "ROWS h*d_v:(h+1)*d_v of W_o, the rows that multiply its block of the concatenation.",
+            lambda W_v, W_o, H: _U_o_from_slices(W_v, W_o.T, H, _blocks(W_v.shape[0], H)),
         ),
         Mistake(
-            "the slices are interleaved (every H-th column/row, as after a reshape to (D, d_k, H)); "
-            "head h owns the contiguous block h*d_k:(h+1)*d_k.",
-            lambda W_v, W_o, H: _V_from_slices(W_v, W_o, H, [slice(h, None, H) for h in range(H)]),
+            "the slices are interleaved (every H-th column/row, as after a reshape to (D, d_v, H)); "
+            "head h owns the contiguous block h*d_v:(h+1)*d_v.",
+            lambda W_v, W_o, H: _U_o_from_slices(
+                W_v, W_o, H, [slice(h, None, H) for h in range(H)]
+            ),
         ),
         Mistake(
-            "every head got the full product (W_v W_o)^T; V_h uses only head h's d_k columns of W_v "
-            "and d_k rows of W_o (so rank V_h <= d_k, and the V_h sum to (W_v W_o)^T).",
-            _V_full_product,
+            "every head got the full product (W_v W_o)^T; U_o,h uses only head h's d_v columns of W_v "
+            "and d_v rows of W_o (so rank U_o,h <= d_v, and the U_o,h sum to (W_v W_o)^T).",
+            _U_o_full_product,
         ),
     ],
 )
-def turner_V(W_v: Tensor, W_o: Tensor, H: int) -> Tensor:
+def turner_U_o(W_v: Tensor, W_o: Tensor, H: int) -> Tensor:
     D = W_v.shape[0]
-    d_k = D // H
-    V = []
+    d_v = D // H
+    U_o = []
     for h in range(H):
-        block = slice(h * d_k, (h + 1) * d_k)  # head h's d_k features
-        V.append((W_v[:, block] @ W_o[block, :]).T)  # (D, d_k) @ (d_k, D) -> (D, D), rank <= d_k
-    return torch.stack(V)  # (H, D, D)
+        block = slice(h * d_v, (h + 1) * d_v)  # head h's d_v features
+        U_o.append((W_v[:, block] @ W_o[block, :]).T)  # (D, d_v) @ (d_v, D) -> (D, D), rank <= d_v
+    return torch.stack(U_o)  # (H, D, D)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -614,7 +619,7 @@ def _counts(concat: int, turner: int) -> Tensor:
         "D and H heads with d_k = D / H: n_params_concat for the concat form (W_q, W_k, W_v, W_o, "
         "plus one bias vector per projection when bias is True), as in "
         "tc.multihead.SelfAttention(D, H, bias=bias); n_params_turner for Turner's form (U_q,h and "
-        "U_k,h of shape d_k x D and V_h of shape D x D for each head; no biases)."
+        "U_k,h of shape d_k x D and U_o,h (his V_h) of shape D x D for each head; no biases)."
     ),
     make_inputs=lambda gen, trial: _COUNT_SIZES[trial % 3],
     mistakes=[
@@ -635,7 +640,7 @@ def _counts(concat: int, turner: int) -> Tensor:
             ),
         ),
         Mistake(
-            "n_params_turner counts V_h as low rank (2 d_k D per head): Turner's V_h are full D x D "
+            "n_params_turner counts U_o,h as low rank (2 d_k D per head): Turner's U_o,h are full D x D "
             "matrices, H D^2 in all.",
             lambda D, H, bias: _counts(4 * D * D + 4 * D * bias, 4 * D * D),
         ),
@@ -655,5 +660,5 @@ def _counts(concat: int, turner: int) -> Tensor:
 def param_count(D: int, H: int, bias: bool) -> Tensor:
     d_k = D // H
     n_params_concat = 4 * D * D + (4 * D if bias else 0)  # W_q, W_k, W_v, W_o (D x D), biases
-    n_params_turner = H * (2 * d_k * D + D * D)  # per head: U_q,h, U_k,h (d_k x D), V_h (D x D)
+    n_params_turner = H * (2 * d_k * D + D * D)  # per head: U_q,h, U_k,h (d_k x D), U_o,h (D x D)
     return torch.tensor([n_params_concat, n_params_turner], dtype=torch.float64)

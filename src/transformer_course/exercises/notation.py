@@ -11,13 +11,13 @@ from . import Mistake, exercise
 
 
 def _turner_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    D, N, K, D_v = (4, 5, 3, 4), (6, 3, 7, 5), (2, 3, 4, 2), (4, 2, 5, 3)
-    D, N, K, D_v = D[trial % 4], N[trial % 4], K[trial % 4], D_v[trial % 4]
+    D, N, d_k, d_v = (4, 5, 3, 4), (6, 3, 7, 5), (2, 3, 4, 2), (4, 2, 5, 3)
+    D, N, d_k, d_v = D[trial % 4], N[trial % 4], d_k[trial % 4], d_v[trial % 4]
 
     def r(*s: int) -> Tensor:
         return torch.randn(*s, generator=gen, dtype=torch.float64)
 
-    return r(D, N), r(K, D), r(K, D), r(D_v, D)
+    return r(D, N), r(d_k, D), r(d_k, D), r(d_v, D)
 
 
 def _row_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -34,6 +34,13 @@ def _row_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, Tenso
     make_inputs=lambda gen, trial: (
         torch.softmax(torch.randn(4 + trial, 4 + trial, generator=gen, dtype=torch.float64), dim=0),
     ),
+    mistakes=[
+        Mistake(
+            "you returned Turner's matrix unchanged: its entry [n', n] belongs to query n, so the row "
+            "form's A[n, m] is its transpose.",
+            lambda A_cols: A_cols,
+        ),
+    ],
     rows_sum_to_one=True,
 )
 def turner_to_row_weights(A_cols: Tensor) -> Tensor:
@@ -77,9 +84,10 @@ def row_self_attention(X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor) -> Tens
 @exercise(
     name="notation.turner_self_attention",
     prompt=(
-        "Single-head self-attention in Turner's column form: X_cols is (D, N), U_q and U_k are (K, D), "
-        "U_v is (D_v, D). Return Y_cols = U_v X_cols A_cols of shape (D_v, N), where "
-        "A_cols[n', n] = softmax over n' of k_{n'}.q_n / sqrt(K) (columns sum to one)."
+        "Single-head self-attention in Turner's column form: X_cols is (D, N), U_q and U_k are "
+        "(d_k, D) (Turner writes K x D), U_v is (d_v, D). Return Y_cols = U_v X_cols A_cols of shape "
+        "(d_v, N), where A_cols[n', n] = softmax over n' of k_{n'}.q_n / sqrt(d_k) (columns sum to "
+        "one)."
     ),
     make_inputs=_turner_inputs,
     mistakes=[
@@ -90,7 +98,7 @@ def row_self_attention(X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor) -> Tens
             ),
         ),
         Mistake(
-            "the 1/sqrt(K) scale is missing (Turner absorbs it into U_q; here it is explicit).",
+            "the 1/sqrt(d_k) scale is missing (Turner absorbs it into his maps; here it is explicit).",
             lambda X, U_q, U_k, U_v: U_v @ X @ torch.softmax((U_k @ X).T @ (U_q @ X), dim=0),
         ),
         Mistake(
@@ -102,6 +110,6 @@ def row_self_attention(X: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor) -> Tens
     ],
 )
 def turner_self_attention(X_cols: Tensor, U_q: Tensor, U_k: Tensor, U_v: Tensor) -> Tensor:
-    Q_cols, K_cols = U_q @ X_cols, U_k @ X_cols  # (K, N): column n is q_n, k_n
+    Q_cols, K_cols = U_q @ X_cols, U_k @ X_cols  # (d_k, N) each: column n is q_n, k_n
     A_cols = torch.softmax(K_cols.T @ Q_cols / math.sqrt(U_q.shape[0]), dim=0)  # (N, N)
-    return U_v @ X_cols @ A_cols  # (D_v, N)
+    return U_v @ X_cols @ A_cols  # (d_v, N)

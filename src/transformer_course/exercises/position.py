@@ -1,11 +1,12 @@
 """Exercises of the *Position* lab: the sinusoidal encoding, the rotation behind the relative shift,
 concatenation as addition after linear maps, and a permutation-equivariance check.
 
-Chapter: *Position* (Turner 2023 sec. 3 and footnote 19; Bishop & Bishop 2024 sec. 2.14 and exercises
-7-10; MIT 6.390 sec. 9.5.1). Inputs are float64 so the checkers can use tight tolerances. Notation as in
-the chapter and the glossary: the base of the sinusoids is Omega (the argument ``base``, as in
-:func:`.position.sinusoidal_encoding`; Bishop calls it L), the frequency of pair ``j`` is
-``omega_j = Omega^(-2j/D)``, and ``k`` is kept for an offset (``Phi_k``).
+Chapter: *Position* (Turner 2023 sec. 3 and footnote 19; the lecture notes on Bishop and Bishop's
+chapter 12, ``bishop2024notes``, sec. 2.14 and exercises 7-10; MIT 6.390 sec. 9.5.1). Inputs are
+float64 so the checkers can use tight tolerances. Notation as in the chapter and the glossary: the base
+of the sinusoids is Omega (the argument ``base``, as in :func:`.position.sinusoidal_encoding`; the
+notes call it L), the frequency of pair ``j`` is ``omega_j = Omega^(-2j/D)``, and ``k`` is kept for an
+offset (``Phi_k``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..position import LearnedPositionalEmbedding
 from . import Mistake, exercise, randn
 
 # ---------------------------------------------------------------------------------------------------
-# 1. The sinusoidal encoding from scratch (Vaswani et al. 2017; Bishop eq. 25)
+# 1. The sinusoidal encoding from scratch (Vaswani et al. 2017; the notes' eq. 25)
 
 
 def _sinusoid(N: int, D: int, base: float, first: int = 0, exponent: float = 2.0) -> Tensor:
@@ -52,7 +53,7 @@ def _sinusoid_inputs(gen: torch.Generator, trial: int) -> tuple[int, int, float]
             ),
         ),
         Mistake(
-            "the exponent is j/D; the frequencies are omega_j = Omega^(-2j/D) (in Bishop's eq. 25 the "
+            "the exponent is j/D; the frequencies are omega_j = Omega^(-2j/D) (in the notes' eq. 25 the "
             "column index i = 2j appears, so i/D = 2j/D).",
             lambda N, D, base: _interleave(
                 torch.sin(_sinusoid(N, D, base, exponent=1.0)),
@@ -75,7 +76,7 @@ def _sinusoid_inputs(gen: torch.Generator, trial: int) -> tuple[int, int, float]
         ),
         Mistake(
             "each cosine column 2j+1 used the exponent (2j+1)/D; it shares the frequency of its sine "
-            "partner, omega_j = Omega^(-2j/D) (Bishop writes (i-1)/D for odd i).",
+            "partner, omega_j = Omega^(-2j/D) (the notes write (i-1)/D for odd i).",
             lambda N, D, base: _interleave(
                 torch.sin(_sinusoid(N, D, base)),
                 torch.cos(
@@ -105,7 +106,7 @@ def sinusoidal(N: int, D: int, base: float) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 2. The 2x2 rotation Rot(omega k) that moves one sine/cosine pair by k positions (Bishop exercise 10)
+# 2. The 2x2 rotation Rot(omega k) that moves one sine/cosine pair by k positions (the notes' exercise 10)
 
 
 def _rotation_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
@@ -155,12 +156,18 @@ def rotation_block(omega: Tensor, k: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 3. Concatenate, then a linear map = add after separate linear maps (Bishop ex. 9; Turner fn. 19)
+# 3. Concatenate, then a linear map = add after separate linear maps (the notes' ex. 9; Turner fn. 19)
 
 
 def _concat_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
-    D, D_r, D_out = ((4, 4, 3), (5, 3, 6), (2, 6, 4))[trial % 3]
+    D, D_r, D_out = ((4, 4, 3), (5, 3, 6), (2, 6, 4))[trial % 3]  # trial 0: D = D_r
     return randn(gen, D, D_out), randn(gen, D_r, D_out)
+
+
+def _if_widths_match(wrong):
+    """A mistake that only runs when ``D = D_r`` (trial 0, where the checker meets it first); on the
+    other trials an empty tensor, which matches no answer, so the checker can try every mistake."""
+    return lambda W_1, W_2: wrong(W_1, W_2) if W_1.shape == W_2.shape else W_1.new_empty(0)
 
 
 @exercise(
@@ -177,6 +184,18 @@ def _concat_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:
             "of [X, R], which are X's, so W = [W_1; W_2] (torch.cat([W_1, W_2], dim=0)).",
             lambda W_1, W_2: torch.cat([W_2, W_1], dim=0),
         ),
+        Mistake(
+            "you added the two maps, W_1 + W_2: that is the map of X + R, which needs D = D_r; "
+            "the concatenation [X, R] has D + D_r features, so W stacks W_1 on top of W_2, "
+            "(D + D_r, D_out).",
+            _if_widths_match(lambda W_1, W_2: W_1 + W_2),
+        ),
+        Mistake(
+            "you joined the maps side by side (dim=1), a (D, 2 D_out) matrix: concatenating R adds "
+            "input features, not outputs, so W stacks W_1 on top of W_2: "
+            "torch.cat([W_1, W_2], dim=0).",
+            _if_widths_match(lambda W_1, W_2: torch.cat([W_1, W_2], dim=1)),
+        ),
     ],
 )
 def concat_weight(W_1: Tensor, W_2: Tensor) -> Tensor:
@@ -185,7 +204,7 @@ def concat_weight(W_1: Tensor, W_2: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 4. Measure permutation equivariance (Bishop exercise 7)
+# 4. Measure permutation equivariance (the notes' exercise 7)
 
 
 class _WithPositions(nn.Module):

@@ -50,8 +50,8 @@ def _toeplitz(weight: Tensor, N: int, centre: int, wrap: bool = False) -> Tensor
     name="relations.conv1d_attention_matrix",
     prompt=(
         "weight is (C_out, C_in, J), PyTorch's conv1d layout, and N an int. Return A of shape "
-        "(C_out, C_in, N, N) with A[o, i, n, m] = weight[o, i, m - n + c], c = (J - 1) // 2, and 0 "
-        "where m - n + c is not a tap 0..J-1, so that Y[:, o] = sum_i A[o, i] @ X[:, i] equals "
+        "(C_out, C_in, N, N) with A[o, i, n, m] = weight[o, i, m - n + j0], j0 = (J - 1) // 2, and 0 "
+        "where m - n + j0 is not a tap 0..J-1, so that Y[:, o] = sum_i A[o, i] @ X[:, i] equals "
         "F.conv1d(X.T[None], weight, padding='same')[0].T for tokens X of shape (N, C_in)."
     ),
     make_inputs=_conv_inputs,
@@ -59,25 +59,26 @@ def _toeplitz(weight: Tensor, N: int, centre: int, wrap: bool = False) -> Tensor
         Mistake(
             "you flipped the kernel: that is a convolution in the signal-processing sense "
             "(np.convolve). Deep-learning 'convolutions' (F.conv1d, and Turner's A_{n',n} = A_{n'-n}) "
-            "are cross-correlations: output n reads input n + j - c with tap j unflipped, so "
-            "A[o, i, n, m] = weight[o, i, m - n + c].",
+            "are cross-correlations: output n reads input n + j - j0 with tap j unflipped, so "
+            "A[o, i, n, m] = weight[o, i, m - n + j0].",
             lambda w, N: _toeplitz(w.flip(-1), N, (w.shape[-1] - 1) // 2),
         ),
         Mistake(
             "each N x N matrix is transposed: row n must hold the weights with which OUTPUT n reads "
-            "the inputs m, A[n, m] = k[m - n + c]. A[m, n] is Turner's column form, and for a "
-            "convolution it reverses the kernel (a true, flipped convolution).",
+            "the inputs m, A[n, m] = k[m - n + j0]. A[m, n] is Turner's column form; read as rows "
+            "it mirrors the kernel, k[n - m + j0]: for an odd J the flipped kernel (a true "
+            "convolution), for an even J the flipped kernel one place off.",
             lambda w, N: _toeplitz(w, N, (w.shape[-1] - 1) // 2).transpose(-2, -1),
         ),
         Mistake(
             "the kernel is not centred: A[n, m] = k[m - n] puts tap 0 on the diagonal, so the output "
-            "is shifted by c places. 'same' padding puts tap c = (J - 1) // 2 on the diagonal: "
-            "A[n, m] = k[m - n + c].",
+            "is shifted by j0 places. 'same' padding puts tap j0 = (J - 1) // 2 on the diagonal: "
+            "A[n, m] = k[m - n + j0].",
             lambda w, N: _toeplitz(w, N, 0),
         ),
         Mistake(
             "off by one for an even number of taps: you centred the kernel on tap J // 2. PyTorch's "
-            "'same' padding puts the extra zero on the right, so the centre is c = (J - 1) // 2.",
+            "'same' padding puts the extra zero on the right, so the centre is j0 = (J - 1) // 2.",
             lambda w, N: _toeplitz(w, N, w.shape[-1] // 2),
         ),
         Mistake(
@@ -94,11 +95,11 @@ def _toeplitz(weight: Tensor, N: int, centre: int, wrap: bool = False) -> Tensor
 )
 def conv1d_attention_matrix(weight: Tensor, N: int) -> Tensor:
     C_out, C_in, J = weight.shape
-    c = (J - 1) // 2  # the tap on the diagonal ('same' padding)
+    j0 = (J - 1) // 2  # the centre tap, on the diagonal ('same' padding)
     A = torch.zeros(C_out, C_in, N, N, dtype=weight.dtype)
     for n in range(N):  # output position
-        for j in range(J):  # tap j reads input m = n + j - c
-            m = n + j - c
+        for j in range(J):  # tap j reads input m = n + j - j0
+            m = n + j - j0
             if 0 <= m < N:  # zero padding: taps off the sequence read nothing
                 A[:, :, n, m] = weight[:, :, j]
     return A

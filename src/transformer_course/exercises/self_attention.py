@@ -2,7 +2,8 @@
 of ``q . k``, absorbing a bias into a weight matrix, and the whole single-head layer (optionally causal)
 in about ten lines.
 
-Chapter: *Self-attention* (Bishop & Bishop 2024, sec. 2.8-2.10 and Algorithm 1; MIT 6.390 sec. 9.3-9.4.1).
+Chapter: *Self-attention* (the lecture notes on Bishop & Bishop, ``bishop2024notes``, sec. 2.8-2.10 and
+Algorithm 1; MIT 6.390 sec. 9.3-9.4.1).
 Every input is float64 so the checkers can use tight tolerances; the Monte Carlo exercise compares with
 a relative tolerance instead.
 """
@@ -110,7 +111,7 @@ def softmax_rows(S: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 3. Scaled dot-product self-attention with a boolean mask (Bishop Algorithm 1 plus a mask)
+# 3. Scaled dot-product self-attention with a boolean mask (the notes' Algorithm 1 plus a mask)
 
 
 def _masked_inputs(
@@ -190,8 +191,12 @@ def _variance_inputs(gen: torch.Generator, trial: int) -> tuple[int, int, int]:
     return d_k, 50_000, seed
 
 
-def _const(value: float) -> Tensor:
-    return torch.tensor(value, dtype=torch.float64)
+def _products(d_k: int, num_samples: int, seed: int) -> Tensor:
+    """q * k for the draws the prompt asks for (queries first): (num_samples, d_k), one row a pair."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(num_samples, d_k, generator=g, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, generator=g, dtype=torch.float64)
+    return q * k
 
 
 @exercise(
@@ -208,19 +213,19 @@ def _const(value: float) -> Tensor:
     rtol=0.05,
     mistakes=[
         Mistake(
-            "your answer is close to sqrt(d_k): that is the standard deviation of q . k; return the "
-            "variance (.var(), not .std()).",
-            lambda d_k, n, seed: _const(math.sqrt(d_k)),
+            "your answer is the standard deviation of q . k (about sqrt(d_k)); return the variance "
+            "(.var(), not .std()).",
+            lambda d_k, n, seed: _products(d_k, n, seed).sum(dim=-1).std(),
         ),
         Mistake(
-            "your answer is close to 1: that is the variance of q . k / sqrt(d_k) (the scaled score) "
-            "or of a single product q_i k_i; the unscaled dot product sums d_k such terms.",
-            lambda d_k, n, seed: _const(1.0),
+            "your answer is the variance of q . k / sqrt(d_k), the scaled score (about 1, like a "
+            "single product q_i k_i); the unscaled dot product sums d_k such terms.",
+            lambda d_k, n, seed: (_products(d_k, n, seed).sum(dim=-1) / math.sqrt(d_k)).var(),
         ),
         Mistake(
-            "your answer is close to num_samples: you summed over the samples (dim=0) instead of "
-            "over the d_k coordinates (dim=-1) of each pair.",
-            lambda d_k, n, seed: _const(float(n)),
+            "you summed over the samples (dim=0) instead of over the d_k coordinates (dim=-1) of "
+            "each pair, so your answer is of the order of num_samples.",
+            lambda d_k, n, seed: _products(d_k, n, seed).sum(dim=0).var(),
         ),
     ],
 )
@@ -233,7 +238,7 @@ def qk_variance(d_k: int, num_samples: int, seed: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 5. Absorbing a bias into the weights (Bishop sec. 2.9.2)
+# 5. Absorbing a bias into the weights (the notes, sec. 2.9.2)
 
 
 def _bias_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor]:

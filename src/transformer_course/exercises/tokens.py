@@ -197,33 +197,33 @@ def bpe_merge(ids: Tensor, pair: tuple[int, int], new_id: int) -> Tensor:
 
 
 def _patch_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, int]:
-    B, C, H, W, P = ((2, 3, 6, 4, 2), (1, 2, 8, 12, 4), (2, 3, 9, 6, 3))[trial % 3]
-    return torch.randn(B, C, H, W, generator=gen, dtype=torch.float64), P
+    B, C_in, H_px, W_px, P = ((2, 3, 6, 4, 2), (1, 2, 8, 12, 4), (2, 3, 9, 6, 3))[trial % 3]
+    return torch.randn(B, C_in, H_px, W_px, generator=gen, dtype=torch.float64), P
 
 
 def _patches_by_loop(images: Tensor, P: int, column_major: bool, layout: str) -> Tensor:
-    B, C, H, W = images.shape
-    grid = [(i, j) for i in range(H // P) for j in range(W // P)]
+    B, C_in, H_px, W_px = images.shape
+    grid = [(i, j) for i in range(H_px // P) for j in range(W_px // P)]
     if column_major:
         grid = sorted(grid, key=lambda ij: (ij[1], ij[0]))
     rows = []
     for i, j in grid:
-        patch = images[:, :, i * P : (i + 1) * P, j * P : (j + 1) * P]  # (B, C, P, P)
+        patch = images[:, :, i * P : (i + 1) * P, j * P : (j + 1) * P]  # (B, C_in, P, P)
         if layout == "transposed":
-            patch = patch.transpose(-2, -1)  # (B, C, P_col, P_row)
+            patch = patch.transpose(-2, -1)  # (B, C_in, P_col, P_row)
         elif layout == "channels_last":
-            patch = patch.permute(0, 2, 3, 1)  # (B, P, P, C)
-        rows.append(patch.reshape(B, C * P * P))
-    return torch.stack(rows, dim=1)  # (B, N, C*P*P)
+            patch = patch.permute(0, 2, 3, 1)  # (B, P, P, C_in)
+        rows.append(patch.reshape(B, C_in * P * P))
+    return torch.stack(rows, dim=1)  # (B, N, C_in*P*P)
 
 
 @exercise(
     name="tokens.patchify",
     prompt=(
-        "Cut a batch of images (B, C, H, W) into non-overlapping P x P patches and return them as "
-        "tokens (B, N, C*P*P), N = (H/P)*(W/P). Patch order: row-major (left to right along the "
+        "Cut a batch of images (B, C_in, H_px, W_px) into non-overlapping P x P patches and return them as "
+        "tokens (B, N, C_in*P*P), N = (H_px/P)*(W_px/P). Patch order: row-major (left to right along the "
         "top row of patches, then the next row). Inside a patch: channel first, then pixel row, "
-        "then pixel column, i.e. patch.reshape(C*P*P) of a (C, P, P) patch."
+        "then pixel column, i.e. patch.reshape(C_in*P*P) of a (C_in, P, P) patch."
     ),
     make_inputs=_patch_inputs,
     mistakes=[
@@ -234,27 +234,27 @@ def _patches_by_loop(images: Tensor, P: int, column_major: bool, layout: str) ->
         ),
         Mistake(
             "each patch is transposed: you flattened pixel columns before pixel rows. Flatten a "
-            "(C, P, P) patch as channel, row, column.",
+            "(C_in, P, P) patch as channel, row, column.",
             lambda images, P: _patches_by_loop(images, P, False, "transposed"),
         ),
         Mistake(
-            "your patches are flattened channel-last, as (P, P, C); the course (and Conv2d's weight "
-            "layout) flattens (C, P, P): all of channel 0, then channel 1, ...",
+            "your patches are flattened channel-last, as (P, P, C_in); the course (and Conv2d's weight "
+            "layout) flattens (C_in, P, P): all of channel 0, then channel 1, ...",
             lambda images, P: _patches_by_loop(images, P, False, "channels_last"),
         ),
         Mistake(
-            "you reshaped the images to (B, N, C*P*P) directly, without moving the patch axes "
+            "you reshaped the images to (B, N, C_in*P*P) directly, without moving the patch axes "
             "together first: each 'patch' mixes pixels from different patches and channels. Reshape "
-            "to (B, C, H/P, P, W/P, P), permute to (B, H/P, W/P, C, P, P), then reshape.",
+            "to (B, C_in, H_px/P, P, W_px/P, P), permute to (B, H_px/P, W_px/P, C_in, P, P), then reshape.",
             lambda images, P: images.reshape(images.shape[0], -1, images.shape[1] * P * P),
         ),
     ],
 )
 def patchify(images: Tensor, P: int) -> Tensor:
-    B, C, H, W = images.shape
-    x = images.reshape(B, C, H // P, P, W // P, P)  # (B, C, rows of patches, P, cols of patches, P)
-    x = x.permute(0, 2, 4, 1, 3, 5)  # (B, H/P, W/P, C, P, P): patch index first
-    return x.reshape(B, (H // P) * (W // P), C * P * P)  # (B, N, C*P*P)
+    B, C_in, H_px, W_px = images.shape
+    x = images.reshape(B, C_in, H_px // P, P, W_px // P, P)  # (B, C_in, patch rows, P, cols, P)
+    x = x.permute(0, 2, 4, 1, 3, 5)  # (B, H_px/P, W_px/P, C_in, P, P): patch index first
+    return x.reshape(B, (H_px // P) * (W_px // P), C_in * P * P)  # (B, N, C_in*P*P)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -265,41 +265,43 @@ def patchify(images: Tensor, P: int) -> Tensor:
 @exercise(
     name="tokens.count_tokens",
     prompt=(
-        "An H x W image with C channels is cut into P x P patches; pixels left over at the "
-        "right and bottom edges (when P does not divide H or W) are cropped. Return (N, d): the "
+        "An H_px x W_px image with C_in channels is cut into P x P patches; pixels left over at the "
+        "right and bottom edges (when P does not divide H_px or W_px) are cropped. Return (N, d): the "
         "number of patch tokens N and the length d of a flattened patch vec(patch_n)."
     ),
     make_inputs=lambda gen, trial: ((224, 224, 16, 3), (32, 48, 8, 1), (30, 45, 7, 3))[trial % 3],
     mistakes=[
         Mistake(
             "N is the number of P x P patches, so divide the pixel count by P twice (once per side): "
-            "you divided H*W by P only once.",
-            lambda H, W, P, C: torch.tensor([H * W // P, C * P * P]),
+            "you divided H_px*W_px by P only once.",
+            lambda H_px, W_px, P, C_in: torch.tensor([H_px * W_px // P, C_in * P * P]),
         ),
         Mistake(
-            "a patch holds C*P*P numbers, one per channel and pixel; your d forgot the C channels.",
-            lambda H, W, P, C: torch.tensor([(H // P) * (W // P), P * P]),
+            "a patch holds C_in*P*P numbers, one per channel and pixel; your d forgot the C_in channels.",
+            lambda H_px, W_px, P, C_in: torch.tensor([(H_px // P) * (W_px // P), P * P]),
         ),
         Mistake(
-            "the patches form a grid of (H/P) rows times (W/P) columns: multiply the two counts, "
+            "the patches form a grid of (H_px/P) rows times (W_px/P) columns: multiply the two counts, "
             "do not add them.",
-            lambda H, W, P, C: torch.tensor([H // P + W // P, C * P * P]),
+            lambda H_px, W_px, P, C_in: torch.tensor([H_px // P + W_px // P, C_in * P * P]),
         ),
         Mistake(
             "you rounded up, counting partial patches at the edges; the leftover pixels are cropped, "
-            "so use floor division on each side: (H // P) * (W // P).",
-            lambda H, W, P, C: torch.tensor([math.ceil(H / P) * math.ceil(W / P), C * P * P]),
+            "so use floor division on each side: (H_px // P) * (W_px // P).",
+            lambda H_px, W_px, P, C_in: torch.tensor(
+                [math.ceil(H_px / P) * math.ceil(W_px / P), C_in * P * P]
+            ),
         ),
         Mistake(
-            "floor each side separately: H*W // (P*P) counts leftover edge pixels as if they formed "
-            "whole patches; use (H // P) * (W // P).",
-            lambda H, W, P, C: torch.tensor([H * W // (P * P), C * P * P]),
+            "floor each side separately: H_px*W_px // (P*P) counts leftover edge pixels as if they formed "
+            "whole patches; use (H_px // P) * (W_px // P).",
+            lambda H_px, W_px, P, C_in: torch.tensor([H_px * W_px // (P * P), C_in * P * P]),
         ),
     ],
 )
-def count_tokens(H: int, W: int, P: int, C: int) -> Tensor:
-    N = (H // P) * (W // P)  # whole patches only: a grid of H//P rows and W//P columns
-    d = C * P * P  # one number per channel and pixel of a patch
+def count_tokens(H_px: int, W_px: int, P: int, C_in: int) -> Tensor:
+    N = (H_px // P) * (W_px // P)  # whole patches only: a grid of H_px//P rows and W_px//P columns
+    d = C_in * P * P  # one number per channel and pixel of a patch
     return torch.tensor([N, d])
 
 

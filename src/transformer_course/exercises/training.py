@@ -1,8 +1,10 @@
 """Exercises of the *Training* lab: a stable cross-entropy, AdamW, the warm-up and cosine schedule,
-clipping by the global norm, the training step (in the spirit of Stanford CS336's first assignment),
-resuming a run from a checkpoint, and gradient accumulation.
+clipping by the global norm, the training step (in the spirit of the first assignment of Stanford's
+CS336, Hashimoto & Liang 2025), resuming a run from a checkpoint, and gradient accumulation.
 
-Chapter: *Training* (Kingma & Ba 2015; Loshchilov & Hutter 2019; Pascanu et al. 2013). Every input is
+Chapter: *Training* (Kingma & Ba 2015; Loshchilov & Hutter 2019; Pascanu et al. 2013). Each checker
+compares an answer with the exercise's reference solution (below); ``tests/test_training.py`` checks
+those solutions against PyTorch and the package. Every input is
 float64 so the checkers can be strict. Some inputs hold logits of size 1000, where a log-sum-exp that
 does not subtract the maximum overflows: such an answer is compared with the known mistake entry by
 entry, infinities included (:class:`_OverflowAware`), so the learner reads *why* it overflowed.
@@ -132,10 +134,10 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def _adam_inputs(gen: torch.Generator, trial: int) -> tuple:
-    S, n = ((5, 4), (7, 6), (4, 8))[trial % 3]  # updates, parameters
+    n_updates, n = ((5, 4), (7, 6), (4, 8))[trial % 3]  # updates, parameters
     theta0 = randn(gen, n)
     scales = torch.exp(randn(gen, n))  # coordinates with gradients of different sizes
-    grads = scales * randn(gen, S, n)  # (S, n): the gradient at each step, given
+    grads = scales * randn(gen, n_updates, n)  # (n_updates, n): the gradient at each update, given
     lr, beta1, beta2, eps, wd = ((0.1, 0.9, 0.99, 1e-2, 0.1), (0.05, 0.8, 0.95, 1e-2, 0.3),
                                  (0.2, 0.9, 0.999, 5e-2, 0.05))[trial % 3]  # fmt: skip
     return theta0, grads, lr, beta1, beta2, eps, wd
@@ -143,16 +145,16 @@ def _adam_inputs(gen: torch.Generator, trial: int) -> tuple:
 
 def _adam(theta0, grads, lr, beta1, beta2, eps, wd, *, correct=True, l2=False, lr_decay=True,
           eps_inside=False, shift=0):  # fmt: skip
-    theta, m, u = theta0.clone(), torch.zeros_like(theta0), torch.zeros_like(theta0)
+    theta, m, c = theta0.clone(), torch.zeros_like(theta0), torch.zeros_like(theta0)
     out = []
-    for s, g in enumerate(grads, start=1):
+    for u, g in enumerate(grads, start=1):
         if l2:
             g = g + wd * theta
         m = beta1 * m + (1 - beta1) * g
-        u = beta2 * u + (1 - beta2) * g * g
-        m_hat = m / (1 - beta1 ** (s + shift)) if correct else m
-        u_hat = u / (1 - beta2 ** (s + shift)) if correct else u
-        step = m_hat / (torch.sqrt(u_hat + eps) if eps_inside else torch.sqrt(u_hat) + eps)
+        c = beta2 * c + (1 - beta2) * g * g
+        m_hat = m / (1 - beta1 ** (u + shift)) if correct else m
+        c_hat = c / (1 - beta2 ** (u + shift)) if correct else c
+        step = m_hat / (torch.sqrt(c_hat + eps) if eps_inside else torch.sqrt(c_hat) + eps)
         decay = 0.0 if l2 else (lr * wd * theta if lr_decay else wd * theta)
         theta = theta - lr * step - decay
         out.append(theta)
@@ -162,25 +164,25 @@ def _adam(theta0, grads, lr, beta1, beta2, eps, wd, *, correct=True, l2=False, l
 @exercise(
     name="training.adamw",
     prompt=(
-        "theta0 is a (n,) vector of n parameters and grads a (S, n) tensor: grads[s - 1] is the "
-        "gradient g_s used at update s = 1..S (given, so that your answer can be compared exactly). "
-        "Run S AdamW updates from theta0 with moments m_0 = u_0 = 0: "
-        "m_s = beta1 m + (1 - beta1) g_s, u_s = beta2 u + (1 - beta2) g_s^2, "
-        "bias-corrected m_hat = m_s / (1 - beta1^s), "
-        "u_hat = u_s / (1 - beta2^s), then theta_s = theta_{s-1} - lr (m_hat / (sqrt(u_hat) + eps) "
-        "+ wd theta_{s-1}). Return every theta_s stacked, shape (S, n)."
+        "theta0 is a (n,) vector of n parameters and grads a (n_updates, n) tensor: grads[u - 1] is "
+        "the gradient g_u used at update u = 1..n_updates (given, so that your answer can be compared "
+        "exactly). Run the AdamW updates from theta0 with moments m_0 = c_0 = 0: "
+        "m_u = beta1 m + (1 - beta1) g_u, c_u = beta2 c + (1 - beta2) g_u^2, "
+        "bias-corrected m_hat = m_u / (1 - beta1^u), "
+        "c_hat = c_u / (1 - beta2^u), then theta_u = theta_{u-1} - lr (m_hat / (sqrt(c_hat) + eps) "
+        "+ wd theta_{u-1}). Return every theta_u stacked, shape (n_updates, n)."
     ),
     make_inputs=_adam_inputs,
     mistakes=[
         Mistake(
-            "no bias correction: m_s and u_s start at 0, so early on they underestimate the moments; "
-            "divide them by 1 - beta1^s and 1 - beta2^s.",
+            "no bias correction: m_u and c_u start at 0, so early on they underestimate the moments; "
+            "divide them by 1 - beta1^u and 1 - beta2^u.",
             lambda *a: _adam(*a, correct=False),
         ),
         Mistake(
             "this is Adam with an L2 penalty: you added wd * theta to the gradient, so the decay went "
-            "through the moments and was divided by sqrt(u_hat). AdamW decouples it: subtract "
-            "lr * wd * theta_{s-1} from theta separately.",
+            "through the moments and was divided by sqrt(c_hat). AdamW decouples it: subtract "
+            "lr * wd * theta_{u-1} from theta separately.",
             lambda *a: _adam(*a, l2=True),
         ),
         Mistake(
@@ -189,11 +191,11 @@ def _adam(theta0, grads, lr, beta1, beta2, eps, wd, *, correct=True, l2=False, l
             lambda *a: _adam(*a, lr_decay=False),
         ),
         Mistake(
-            "eps is inside the square root: divide by sqrt(u_hat) + eps, not sqrt(u_hat + eps).",
+            "eps is inside the square root: divide by sqrt(c_hat) + eps, not sqrt(c_hat + eps).",
             lambda *a: _adam(*a, eps_inside=True),
         ),
         Mistake(
-            "the bias correction is one step off: the first update is s = 1, so it divides by "
+            "the bias correction is one step off: the first update is u = 1, so it divides by "
             "1 - beta1^1 (not 1 - beta1^2).",
             lambda *a: _adam(*a, shift=1),
         ),
@@ -203,15 +205,15 @@ def adamw(
     theta0: Tensor, grads: Tensor, lr: float, beta1: float, beta2: float, eps: float, wd: float
 ) -> Tensor:
     theta = theta0.clone()
-    m, u = torch.zeros_like(theta0), torch.zeros_like(theta0)  # m_0 = u_0 = 0
+    m, c = torch.zeros_like(theta0), torch.zeros_like(theta0)  # m_0 = c_0 = 0
     out = []
-    for s, g in enumerate(grads, start=1):  # updates count from 1
+    for u, g in enumerate(grads, start=1):  # updates count from 1
         m = beta1 * m + (1 - beta1) * g
-        u = beta2 * u + (1 - beta2) * g**2
-        m_hat, u_hat = m / (1 - beta1**s), u / (1 - beta2**s)
-        theta = theta - lr * (m_hat / (torch.sqrt(u_hat) + eps) + wd * theta)  # decoupled decay
+        c = beta2 * c + (1 - beta2) * g**2
+        m_hat, c_hat = m / (1 - beta1**u), c / (1 - beta2**u)
+        theta = theta - lr * (m_hat / (torch.sqrt(c_hat) + eps) + wd * theta)  # decoupled decay
         out.append(theta)
-    return torch.stack(out)  # (S, n)
+    return torch.stack(out)  # (n_updates, n)
 
 
 # ---------------------------------------------------------------------------------------------------

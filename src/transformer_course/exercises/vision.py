@@ -160,8 +160,8 @@ def mean_pool(X: Tensor) -> Tensor:
 
 
 def _shift_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, int]:
-    B, C, H, W, p = ((4, 1, 8, 8, 1), (3, 2, 6, 7, 2), (5, 1, 5, 9, 2))[trial % 3]
-    images = 0.1 + torch.rand(B, C, H, W, generator=gen, dtype=torch.float64)  # no zero pixels
+    B, C, H_px, W_px, p = ((4, 1, 8, 8, 1), (3, 2, 6, 7, 2), (5, 1, 5, 9, 2))[trial % 3]
+    images = 0.1 + torch.rand(B, C, H_px, W_px, generator=gen, dtype=torch.float64)  # no zero pixel
     shifts = torch.randint(-p, p + 1, (B, 2), generator=gen)  # (B, 2): [dy, dx] per image
     shifts[0] = torch.tensor([p, -p])  # distinct shifts, both axes used, so every mistake shows
     shifts[1] = torch.tensor([-p, 0])
@@ -169,24 +169,24 @@ def _shift_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, Tensor, int
 
 
 def _crop(images: Tensor, shifts: Tensor, p: int, sign: int = 1, swap: bool = False) -> Tensor:
-    H, W = images.shape[-2:]
-    padded = F.pad(images, (p, p, p, p))  # (B, C, H + 2p, W + 2p), zeros around
+    H_px, W_px = images.shape[-2:]
+    padded = F.pad(images, (p, p, p, p))  # (B, C, H_px + 2p, W_px + 2p), zeros around
     out = []
     for b in range(images.shape[0]):
         dy, dx = (int(s) for s in shifts[b])
         if swap:
             dy, dx = dx, dy
         top, left = p - sign * dy, p - sign * dx
-        out.append(padded[b, :, top : top + H, left : left + W])  # (C, H, W)
+        out.append(padded[b, :, top : top + H_px, left : left + W_px])  # (C, H_px, W_px)
     return torch.stack(out)
 
 
 @exercise(
     name="vision.shift_images",
     prompt=(
-        "Shift image b of images (B, C, H, W) by shifts[b] = [dy, dx] pixels (down and right; "
+        "Shift image b of images (B, C, H_px, W_px) by shifts[b] = [dy, dx] pixels (down and right; "
         "|dy|, |dx| <= max_shift), filling the uncovered border with zeros: pad every side with "
-        "max_shift zeros, then crop an H x W window. Return (B, C, H, W)."
+        "max_shift zeros, then crop an H_px x W_px window. Return (B, C, H_px, W_px)."
     ),
     make_inputs=_shift_inputs,
     mistakes=[
@@ -216,14 +216,14 @@ def _crop(images: Tensor, shifts: Tensor, p: int, sign: int = 1, swap: bool = Fa
     ],
 )
 def shift_images(images: Tensor, shifts: Tensor, max_shift: int) -> Tensor:
-    B, _, H, W = images.shape  # (B, C, H, W)
+    B, _, H_px, W_px = images.shape  # (B, C, H_px, W_px)
     p = max_shift
-    padded = F.pad(images, (p, p, p, p))  # (B, C, H + 2p, W + 2p), zeros around
+    padded = F.pad(images, (p, p, p, p))  # (B, C, H_px + 2p, W_px + 2p), zeros around
     out = torch.empty_like(images)
     for b in range(B):
         dy, dx = int(shifts[b, 0]), int(shifts[b, 1])
         top, left = p - dy, p - dx  # out[i, j] = images[i - dy, j - dx]
-        out[b] = padded[b, :, top : top + H, left : left + W]  # (C, H, W)
+        out[b] = padded[b, :, top : top + H_px, left : left + W_px]  # (C, H_px, W_px)
     return out
 
 
@@ -245,9 +245,9 @@ def _vit_inputs(gen: torch.Generator, trial: int) -> tuple[Tensor, ViT]:
     """Images (B, C_in, size, size) and a package ViT (class token) with seeded weights, in float64.
 
     The package initialises with N(0, 0.02^2) and a zero class token, under which many wrong models
-    give almost the same logits. Here every matrix is drawn N(0, 1/fan_in), biases, LayerNorm shifts
-    and the class token N(0, 0.2^2)-ish, LayerNorm gains 1 + N(0, 0.2^2) and the position table N(0, 1),
-    so every mistake below changes the logits clearly (tests/test_vision.py proves it).
+    give almost the same logits. Here every matrix is drawn N(0, 1/fan_in), biases and LayerNorm
+    shifts N(0, 0.2^2), the class token N(0, 0.5^2), LayerNorm gains 1 + N(0, 0.2^2) and the position
+    table N(0, 1), so every mistake below changes the logits clearly (tests/test_vision.py proves it).
     """
     size, P, C, D, H, L, K = _VIT_SIZES[trial % 3]
     config = ViTConfig(

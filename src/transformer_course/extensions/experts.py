@@ -95,8 +95,10 @@ def top_k_router(X: Tensor, W_r: Tensor, k: int, renormalise: bool = True) -> Ro
     Implements: eq-ext-moe-router
 
     .. math:: G = \operatorname{softmax}_\text{row}(X W_r),\quad
-              \mathcal{R}_n = \text{the } k \text{ largest entries of row } n,\quad
-              r_{ni} = \frac{G_{ni}}{\sum_{j\in\mathcal{R}_n} G_{nj}}\ (i \in \mathcal{R}_n)
+              \mathcal{R}_n = \text{the } k_\text{e} \text{ largest entries of row } n,\quad
+              \tilde G_{ni} = \frac{G_{ni}}{\sum_{i'\in\mathcal{R}_n} G_{ni'}}\ (i \in \mathcal{R}_n)
+
+    (``k`` is :math:`k_\text{e}`).
 
     The renormalised weights equal a softmax over the ``k`` kept logits alone (Shazeer et al. 2017
     keep the top ``k`` logits, set the rest to ``-inf`` and take the softmax; GShard divides its two
@@ -129,7 +131,8 @@ def expert_capacity(
     n_tokens: int, n_experts: int, k: int, capacity_factor: float | None = 1.25
 ) -> int:
     r"""The most tokens an expert takes, book eq. ``eq-ext-moe-capacity``:
-    :math:`C_\text{e} = \lceil \kappa\, k N / N_\text{e} \rceil`, ``kappa`` the capacity factor.
+    :math:`C_\text{e} = \lceil \kappa\, k_\text{e} N / N_\text{e} \rceil` (``k`` is :math:`k_\text{e}`),
+    ``kappa`` the capacity factor.
 
     Implements: eq-ext-moe-capacity
 
@@ -186,7 +189,7 @@ def load_balancing_loss(probs: Tensor, experts: Tensor, alpha: float = 1.0) -> T
     Implements: eq-ext-moe-aux
 
     .. math:: \mathcal{L}_\text{aux} = \alpha\, N_\text{e} \sum_{i=1}^{N_\text{e}} f_i\, \bar G_i,\quad
-              f_i = \frac{1}{kN}\sum_{n=1}^{N} [\, i \in \mathcal{R}_n \,],\quad
+              f_i = \frac{1}{k_\text{e}N}\sum_{n=1}^{N} [\, i \in \mathcal{R}_n \,],\quad
               \bar G_i = \frac1N \sum_{n=1}^{N} G_{ni}
 
     ``f_i`` is the fraction of the ``k N`` choices that went to expert ``i`` (counted before any
@@ -217,7 +220,7 @@ class MixtureOfExperts(nn.Module):
 
     Implements: eq-ext-moe
 
-    .. math:: \mathbf{y}_n = \sum_{i \in \mathcal{R}_n,\ \text{kept}} r_{ni}\,
+    .. math:: \mathbf{y}_n = \sum_{i \in \mathcal{R}_n,\ \text{kept}} \tilde G_{ni}\,
               \mathrm{MLP}_i(\mathbf{x}_n)
 
     ``forward(X (..., D))`` returns a :class:`MoEOutput`: the output ``Y`` (the input's shape), the
@@ -312,7 +315,7 @@ def moe_reference(
     For each token: its scores ``x_n W_r`` expert by expert, their softmax written out, the ``k``
     largest by sorting, the weights divided by their sum (or not); then the capacity rule as a loop,
     rank by rank and token by token, counting each expert's load; then
-    :math:`\mathbf{y}_n = \sum r_{ni}\,\mathrm{MLP}_i(\mathbf{x}_n)` over the kept choices, each
+    :math:`\mathbf{y}_n = \sum \tilde G_{ni}\,\mathrm{MLP}_i(\mathbf{x}_n)` over the kept choices, each
     expert called on the one token. A check, not an implementation (no marker): it shares no code with
     :class:`MixtureOfExperts` except the experts themselves.
     """
@@ -358,7 +361,7 @@ def moe_parameter_counts(
 
     .. math:: \lvert\theta\rvert_\text{total} = D N_\text{e} + N_\text{e}\,\lvert\theta_\text{exp}\rvert,
               \qquad
-              \lvert\theta\rvert_\text{active} = D N_\text{e} + k\,\lvert\theta_\text{exp}\rvert
+              \lvert\theta\rvert_\text{active} = D N_\text{e} + k_\text{e}\,\lvert\theta_\text{exp}\rvert
 
     with ``|theta_exp| = 2 D d_ff + d_ff + D`` for the plain MLP (two matrices, two biases) and
     ``3 D d_ff`` for the gated one. Active parameters are those one token's output depends on: the

@@ -14,14 +14,15 @@ from ..self_attention import _check_qkv, _default_scale
 
 def online_softmax(S: Tensor) -> Tensor:
     r"""Softmax over the last axis computed in one pass over the scores, book eq. ``eq-ext-online``
-    (Milakov & Gimelshein 2018): a running maximum :math:`\mu_j` and a running sum :math:`\lambda_j`,
+    (Milakov & Gimelshein 2018): for each row ``n``, the maximum :math:`\mu_{n,m}` of its first ``m``
+    scores and the sum :math:`\lambda_{n,m}` of their exponentials relative to it,
 
-    .. math:: \mu_j = \max(\mu_{j-1}, s_j),\qquad
-              \lambda_j = \lambda_{j-1}\, e^{\mu_{j-1} - \mu_j} + e^{s_j - \mu_j},\qquad
-              \operatorname{softmax}(\mathbf{s})_j = e^{s_j - \mu_M} / \lambda_M
+    .. math:: \mu_{n,m} = \max(\mu_{n,m-1}, S_{nm}),\qquad
+              \lambda_{n,m} = \lambda_{n,m-1}\, e^{\mu_{n,m-1} - \mu_{n,m}} + e^{S_{nm} - \mu_{n,m}},
+              \qquad A_{nm} = e^{S_{nm} - \mu_{n,M}} / \lambda_{n,M}
 
-    with :math:`\mu_0 = -\infty`, :math:`\lambda_0 = 0`. A reference that reads like the recurrence: one
-    Python step per score. ``S`` ``(..., M)``, any finite values.
+    with :math:`\mu_{n,0} = -\infty`, :math:`\lambda_{n,0} = 0`. A reference that reads like the
+    recurrence: one Python step per score. ``S`` ``(..., M)``, any finite values.
 
     Implements: eq-ext-online
     """
@@ -85,8 +86,8 @@ def tiled_attention_forward(
     r"""The loop of :func:`tiled_attention`, returning what the backward pass needs: the output ``Y``
     ``(..., N, d_v)`` and the row log-sum-exp ``rho`` ``(..., N)`` (the one statistic FlashAttention-2,
     Dao 2024, keeps per row), book eq. ``eq-ext-lse``,
-    :math:`\rho_n = \log \sum_m e^{S_{nm}} = \mu_n + \log \lambda_n` from the running statistics at
-    the end of each row. Arguments as :func:`tiled_attention`.
+    :math:`\rho_n = \log \sum_m e^{S_{nm}} = \mu_{n,M} + \log \lambda_{n,M}` from the running statistics
+    at the end of each row. Arguments as :func:`tiled_attention`.
 
     Implements: eq-ext-lse
     """
@@ -103,7 +104,7 @@ def tiled_attention_forward(
         q = io.load(Q[..., i0:i1, :]) * scale  # (..., bq, d_k)
         mu = Q.new_full((*Q.shape[:-2], i1 - i0, 1), float("-inf"))  # running max
         lam = Q.new_zeros((*Q.shape[:-2], i1 - i0, 1))  # running sum
-        O = Q.new_zeros((*Q.shape[:-2], i1 - i0, V.shape[-1]))  # unnormalised output
+        Y_tilde = Q.new_zeros((*Q.shape[:-2], i1 - i0, V.shape[-1]))  # unnormalised output
         last_key = i1 - 1 + M - N  # the latest key any query of this block may see
         for j0 in range(0, M if not causal else last_key + 1, block_k):
             j1 = min(j0 + block_k, M)
@@ -116,9 +117,9 @@ def tiled_attention_forward(
             P = torch.exp(S - base)  # (..., bq, bk)
             alpha = torch.exp(mu - base)  # rescales what was summed under the old maximum
             lam = alpha * lam + P.sum(dim=-1, keepdim=True)
-            O = alpha * O + P @ io.load(V[..., j0:j1, :])
+            Y_tilde = alpha * Y_tilde + P @ io.load(V[..., j0:j1, :])
             mu = mu_new
-        out[..., i0:i1, :] = io.store(O / lam)
+        out[..., i0:i1, :] = io.store(Y_tilde / lam)
         lse[..., i0:i1] = io.store((mu + torch.log(lam)).squeeze(-1))
     return out, lse
 
@@ -137,14 +138,15 @@ def tiled_attention(
     FlashAttention, Dao et al. 2022, written in PyTorch).
 
     For each block of ``block_q`` queries, the key blocks ``j`` update a running row maximum
-    :math:`\mu`, a running sum :math:`\lambda` and an unnormalised output :math:`O`:
+    :math:`\mu`, a running sum :math:`\lambda` and an unnormalised output :math:`\tilde Y`:
 
     .. math:: \mu' = \max(\mu, \operatorname{rowmax} S_j),\quad
               \lambda' = e^{\mu - \mu'}\lambda + \operatorname{rowsum} e^{S_j - \mu'},\quad
-              O' = e^{\mu - \mu'} O + e^{S_j - \mu'} V_j,
+              \tilde Y' = e^{\mu - \mu'} \tilde Y + e^{S_j - \mu'} V_j,
 
-    and the block's output is :math:`O / \lambda`. Only a ``block_q x block_k`` tile of scores exists at a
-    time: the extra memory is :math:`O(N)` for :math:`\mu, \lambda` plus one tile, never ``N x M``.
+    and the block's output is :math:`\tilde Y / \lambda`. Only a ``block_q x block_k`` tile of scores
+    exists at a time: the extra memory is :math:`O(N)` for :math:`\mu, \lambda` plus one tile, never
+    ``N x M``.
 
     Args:
         Q: ``(..., N, d_k)``; K: ``(..., M, d_k)``; V: ``(..., M, d_v)``.
@@ -179,20 +181,21 @@ def tiled_attention_backward(
     (the backward pass of FlashAttention, Dao et al. 2022, sec. 3.1 and app. B).
 
     The forward stores only the output ``Y`` and the row log-sum-exp ``rho`` (eq. ``eq-ext-lse``).
-    First :math:`\delta_n = \sum_i dY_{ni} Y_{ni}` for every query; then, for each tile of ``block_k`` keys
-    (outer loop) and each tile of ``block_q`` queries (inner loop), the tile's weights are recomputed,
-    :math:`A = e^{S - \rho}` with :math:`S = c\, Q_i K_j^\top` (``c`` the scale), and
+    First :math:`\delta_n = d\mathbf{y}_n \cdot \mathbf{y}_n` for every query; then, for each key tile
+    ``t`` of ``block_k`` keys (outer loop) and each query tile ``a`` of ``block_q`` queries (inner loop),
+    the tile's weights are recomputed, :math:`A = e^{S - \rho}` with :math:`S = c\, Q_a K_t^\top` (``c``
+    the scale), and
 
-    .. math:: dV_j \mathrel{+}= A^\top dY_i,\quad dA = dY_i V_j^\top,\quad
-              dS = A \odot (dA - \delta_i),\quad dQ_i \mathrel{+}= c\, dS\, K_j,\quad
-              dK_j \mathrel{+}= c\, dS^\top Q_i .
+    .. math:: dV_t \mathrel{+}= A^\top dY_a,\quad dA = dY_a V_t^\top,\quad
+              dS = A \odot (dA - \delta_a),\quad dQ_a \mathrel{+}= c\, dS\, K_t,\quad
+              dK_t \mathrel{+}= c\, dS^\top Q_a .
 
     Args:
         Q ``(..., N, d_k)``, K ``(..., M, d_k)``, V ``(..., M, d_v)``: the forward's inputs.
         Y ``(..., N, d_v)``, rho ``(..., N)``: the forward's output and log-sum-exp.
         dY ``(..., N, d_v)``: the gradient of the loss with respect to ``Y``.
         io: an :class:`IOCounter` tallying the blocks read and written (``dQ`` lives in main memory
-            and is read and written once per key tile; ``dK_j, dV_j`` stay in fast memory until their
+            and is read and written once per key tile; ``dK_t, dV_t`` stay in fast memory until their
             key tile is done).
 
     Returns:
@@ -293,7 +296,7 @@ def materialised_attention_io(N: int, M: int, d: int) -> tuple[int, int]:
     writing its output once:
 
     ``reads = N d + 2 M d + 2 N M``, ``writes = 2 N M + N d`` (``d = d_k = d_v``), which is
-    :math:`\Theta(Nd + NM)`. Returns ``(reads, writes)``.
+    of the order of :math:`Nd + NM`. Returns ``(reads, writes)``.
 
     Implements: eq-ext-io
     """
@@ -305,16 +308,16 @@ def tiled_attention_io(
     N: int, M: int, d: int, block_q: int, block_k: int, backward: bool = False
 ) -> tuple[int, int]:
     r"""Elements read and written by :func:`tiled_attention` (non-causal; ``d = d_k = d_v``), book eq.
-    ``eq-ext-io``. With :math:`T_q = \lceil N / N_\text{t} \rceil` query tiles and
-    :math:`T_k = \lceil M / M_\text{t} \rceil` key tiles, the forward reads ``Q`` once and ``K, V``
+    ``eq-ext-io``. With :math:`\tau_\text{q} = \lceil N / N_\text{t} \rceil` query tiles and
+    :math:`\tau_\text{k} = \lceil M / M_\text{t} \rceil` key tiles, the forward reads ``Q`` once and ``K, V``
     once per query tile, and writes ``Y`` and ``rho``:
 
-    ``reads = N d + 2 T_q M d``, ``writes = N d + N``.
+    ``reads = N d + 2 tau_q M d``, ``writes = N d + N``.
 
     With ``backward=True``, the counts of :func:`tiled_attention_backward` instead: ``delta`` from ``Y,
     dY`` (reads ``2 N d``, writes ``N``), ``K, V`` once, and per key tile ``Q, dY, dQ, rho, delta``:
 
-    ``reads = 2 N d + 2 M d + T_k (3 N d + 2 N)``, ``writes = N + T_k N d + 2 M d``.
+    ``reads = 2 N d + 2 M d + tau_k (3 N d + 2 N)``, ``writes = N + tau_k N d + 2 M d``.
 
     Returns ``(reads, writes)``.
 
@@ -323,10 +326,10 @@ def tiled_attention_io(
     _check_sizes(N=N, M=M, d=d)
     _check_blocks(block_q, block_k)
     if backward:
-        T_k = _tiles(M, block_k)
-        return 2 * N * d + 2 * M * d + T_k * (3 * N * d + 2 * N), N + T_k * N * d + 2 * M * d
-    T_q = _tiles(N, block_q)
-    return N * d + 2 * T_q * M * d, N * d + N
+        tau_k = _tiles(M, block_k)
+        return 2 * N * d + 2 * M * d + tau_k * (3 * N * d + 2 * N), N + tau_k * N * d + 2 * M * d
+    tau_q = _tiles(N, block_q)
+    return N * d + 2 * tau_q * M * d, N * d + N
 
 
 def _check_sizes(**sizes: int) -> None:

@@ -105,8 +105,9 @@ class _NoPositionTable(nn.Module):
 
 class ModernGPT(GPT):
     r"""A decoder-only language model with the changes of LLaMA (Touvron et al. 2023), book eq.
-    ``eq-ext-modern``: :math:`X^{(0)} = E[\mathbf{t}]` (no position table), ``L`` :class:`ModernBlock` s,
-    a final :class:`RMSNorm`, the tied head.
+    ``eq-ext-modern``: :math:`\mathbf{x}^{(0)}_n = E[s_n]` (no position table), ``L``
+    :class:`ModernBlock` s, a final :class:`RMSNorm`, and the GPT's tied head (``tie_weights``; LLaMA
+    keeps a separate output matrix).
 
     Everything else is :class:`.language_models.GPT`'s: ``forward``, the loss, the key-value caches
     and therefore :func:`.language_models.generate`, ``save`` and ``load``.

@@ -1,4 +1,4 @@
-"""Extensions: rMSNorm."""
+"""Extensions: RMSNorm, the norm of modern decoders."""
 
 from __future__ import annotations
 

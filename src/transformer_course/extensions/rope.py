@@ -9,13 +9,13 @@ from ..runtime import shape_of as _shape
 
 
 def rope_frequencies(d: int, base: float = 10_000.0, device=None) -> Tensor:
-    r"""The ``d/2`` frequencies :math:`\omega_i = \Omega^{-2i/d}`, ``i = 0 .. d/2 - 1``: those of the
+    r"""The ``d/2`` frequencies :math:`\omega_j = \Omega^{-2j/d}`, ``j = 0 .. d/2 - 1``: those of the
     sinusoidal code (book eq. ``eq-pos-sinusoid``) at width ``d`` (float64; Su et al. write
     :math:`\theta_i` and count ``i`` from 1). ``d`` must be even: RoPE rotates pairs of features."""
     if d < 2 or d % 2:
         raise ValueError(f"RoPE rotates pairs of features, so d must be even and >= 2, got d={d}")
-    i = torch.arange(d // 2, device=device, dtype=torch.float64)
-    return base ** (-2.0 * i / d)
+    j = torch.arange(d // 2, device=device, dtype=torch.float64)  # the pairs
+    return base ** (-2.0 * j / d)
 
 
 def _positions(X: Tensor, positions: Tensor | None) -> Tensor:
@@ -32,8 +32,8 @@ def _positions(X: Tensor, positions: Tensor | None) -> Tensor:
 
 def rope_rotation_matrix(n: int, d: int, base: float = 10_000.0) -> Tensor:
     r"""The rotation :math:`\Theta_n` ``(d, d)`` of position ``n``, book eq. ``eq-ext-rope``: block
-    diagonal, one 2x2 block :math:`\begin{bmatrix}\cos n\omega_i & -\sin n\omega_i\\ \sin n\omega_i &
-    \cos n\omega_i\end{bmatrix}` per pair of features ``(2i, 2i+1)`` (Su et al. 2024). Float64.
+    diagonal, one 2x2 block :math:`\begin{bmatrix}\cos n\omega_j & -\sin n\omega_j\\ \sin n\omega_j &
+    \cos n\omega_j\end{bmatrix}` per pair of features ``(2j, 2j+1)`` (Su et al. 2024). Float64.
 
     Orthogonal, with :math:`\Theta_n^\top\Theta_m = \Theta_{m-n}`: the relative property of book eq.
     ``eq-ext-rope-relative``.
@@ -74,9 +74,9 @@ def _angles(X: Tensor, positions: Tensor | None, base: float) -> Tensor:
 def apply_rope_complex(
     X: Tensor, positions: Tensor | None = None, base: float = 10_000.0
 ) -> Tensor:
-    r"""RoPE in its complex form, book eq. ``eq-ext-rope-complex``: each pair ``(x_{2i}, x_{2i+1})`` is
-    the complex number :math:`z_i = x_{2i} + \mathrm{i}\,x_{2i+1}`, multiplied by
-    :math:`e^{\mathrm{i} p_n \omega_i}` (Su et al. 2024). ``X`` ``(..., N, d)``, float32 or
+    r"""RoPE in its complex form, book eq. ``eq-ext-rope-complex``: each pair ``(x_{2j}, x_{2j+1})`` is
+    the complex number :math:`z_j = x_{2j} + \mathrm{i}\,x_{2j+1}`, multiplied by
+    :math:`e^{\mathrm{i} p_n \omega_j}` (Su et al. 2024). ``X`` ``(..., N, d)``, float32 or
     float64.
 
     Implements: eq-ext-rope-complex

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..block import PreNormBlock, TransformerStack
 from ..data import digits_split, random_affine
 from ..language_models import gpt2_init
-from ..runtime import eval_mode
+from ..runtime import eval_mode, reusable_run
 from ..tokens import patchify, unpatchify
 from ..train import History, Recipe, TrainConfig, train
 from ..vision import ViT, ViTConfig
@@ -93,11 +93,10 @@ def random_patch_mask(
 
     Implements: eq-mae-mask
 
-    Each image ``b`` gets a uniformly random permutation :math:`\operatorname{perm}_b` of its
-    patches (the ranks of ``N`` uniform numbers); the first
-    :math:`N_\text{vis} = \lfloor (1 - \rho) N \rfloor` patches of the permutation are kept, the rest
-    hidden: :math:`m_{bn} = 1` iff
-    :math:`n \notin \{\operatorname{perm}_b(1), \dots, \operatorname{perm}_b(N_\text{vis})\}`.
+    Image ``i``'s permutation :math:`\operatorname{perm}_i` is the argsort of ``N`` uniform numbers,
+    its inverse ``restore`` the argsort of the permutation (each number's rank). The first
+    :math:`N_\text{vis} = \lfloor (1 - \rho) N \rfloor` are kept, the rest hidden: :math:`m_{i,n} = 1`
+    iff :math:`n \notin \{\operatorname{perm}_i(1), \dots, \operatorname{perm}_i(N_\text{vis})\}`.
     The numbers are drawn on the CPU from ``generator``, so a seed gives the same masks everywhere.
 
     Raises:
@@ -105,8 +104,8 @@ def random_patch_mask(
     """
     N_vis = n_kept(n_patches, mask_ratio)
     noise = torch.rand(batch_size, n_patches, generator=generator)  # (B, N)
-    shuffle = noise.argsort(dim=1)  # pi_b: patch index at each shuffled place, (B, N)
-    restore = shuffle.argsort(dim=1)  # pi_b^{-1}: each patch's place in the shuffled order
+    shuffle = noise.argsort(dim=1)  # perm_i: patch index at each shuffled place, (B, N)
+    restore = shuffle.argsort(dim=1)  # perm_i^{-1}: each patch's place (its number's rank)
     mask = restore >= N_vis  # hidden iff the patch's place is beyond the first N_vis, (B, N)
     return PatchMask(shuffle[:, :N_vis].to(device), mask.to(device), restore.to(device))
 
@@ -114,11 +113,13 @@ def random_patch_mask(
 def patch_targets(images: Tensor, patch_size: int, normalize: bool = False) -> Tensor:
     r"""The pixels each patch must be reconstructed to, ``(B, N, C P^2)``; with ``normalize`` each
     patch is standardised by its own mean and variance, :math:`(\mathbf{p} - \mu) /
-    \sqrt{\sigma^2 + 10^{-6}}` (He et al.'s variant; off in :data:`MAE_DIGITS_RECIPE`)."""
+    \sqrt{\sigma^2 + 10^{-6}}` (He et al.'s variant; off in :data:`MAE_DIGITS_RECIPE`). As in their
+    code, :math:`\sigma^2` is the unbiased variance, the squared deviations divided by
+    :math:`C P^2 - 1`."""
     target = patchify(images, patch_size)  # (B, N, C P^2)
     if normalize:
         mean = target.mean(dim=-1, keepdim=True)
-        var = target.var(dim=-1, keepdim=True, unbiased=False)
+        var = target.var(dim=-1, keepdim=True)  # unbiased, as in He et al.'s code
         target = (target - mean) / (var + 1e-6).sqrt()
     return target
 
@@ -188,8 +189,6 @@ class MAE(nn.Module):
     r"""Masked auto-encoder (He et al. 2022): a ViT encoder over the kept patches only, a light
     decoder over all positions with a learned mask token at the hidden ones, a linear map to pixels.
 
-    Implements: eq-mae-enc
-
     ``forward(images, patch_mask) -> pred (B, N, C P^2)``: the predicted pixels of every patch (only
     the hidden ones are scored by :func:`mae_loss`).
     """
@@ -225,11 +224,10 @@ class MAE(nn.Module):
         return random_patch_mask(len(images), n, self.config.mask_ratio, generator, images.device)
 
     def encode(self, images: Tensor, keep: Tensor) -> Tensor:
-        r"""The encoder's output for the kept patches only, ``(B, N_vis, D)``:
-        :math:`Z = \mathrm{LN}(\text{blocks}(P_{\mathcal{S}} W_p^\top + \mathbf{b}_p + R_{\mathcal{S}}))`.
-
-        The kept patches are gathered **before** the patch map, so the hidden pixels never enter
-        the encoder (their values cannot change its output).
+        r"""The encoder's output for the kept patches only, ``(B, N_vis, D)``: :math:`Z = \mathrm{LN}(
+        \text{blocks}(P_{\mathcal{S}} W_p^\top + \mathbf{b}_p + R_{\mathcal{S}}))`, the kept patches
+        gathered **before** the patch map, so hidden pixels never enter the encoder.
+        Implements: eq-mae-enc
         """
         self._check(images)
         vit = self.encoder
@@ -241,9 +239,10 @@ class MAE(nn.Module):
         return vit.stack(X)  # LN(X^(L)) of the N_vis visible tokens
 
     def decode(self, Z: Tensor, restore: Tensor) -> Tensor:
-        """Pixels of every patch, ``(B, N, C P^2)``, from the encoded kept tokens ``Z (B, N_vis, D)``:
-        the mask token fills the hidden places, the inverse permutation puts every token back at its
-        patch, the decoder's positions are added, then the decoder blocks and a linear map."""
+        """Pixels of every patch ``(B, N, C P^2)`` from the kept tokens ``Z (B, N_vis, D)``: mask
+        tokens at the hidden places, every token back at its patch (``restore``), R_dec, blocks, W_pix.
+        Implements: eq-mae-dec-in, eq-mae-dec
+        """
         B, N_vis, _ = Z.shape
         N, Dd = restore.shape[1], self.config.decoder_d_model
         Y = self.to_decoder(Z)  # (B, N_vis, D_dec)
@@ -320,6 +319,7 @@ class MAERun:
     history: History
 
 
+@reusable_run  # a page that repeats the chapter's run with the same arguments trains it once
 def train_mae_digits(
     recipe: MAERecipe = MAE_DIGITS_RECIPE,
     device: torch.device | str = "cpu",

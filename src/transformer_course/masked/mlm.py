@@ -111,7 +111,7 @@ def corrupt(
             f"u_choose, u_kind and random_ids must have the shape of ids {tuple(ids.shape)}, got "
             f"{tuple(u_choose.shape)}, {tuple(u_kind.shape)}, {tuple(random_ids.shape)}"
         )
-    chosen = u_choose < p  # m_n = 1
+    chosen = u_choose < p  # c_{i,n} = 1
     to_mask = chosen & (u_kind < MASK_FRAC)  # 80 %: [MASK]
     to_random = chosen & (u_kind >= MASK_FRAC) & (u_kind < MASK_FRAC + RANDOM_FRAC)  # 10 %: random
     out = torch.where(to_mask, torch.full_like(ids, mask_id), ids)
@@ -159,8 +159,9 @@ def mask_tokens(
 
 def mlm_loss(logits: Tensor, targets: Tensor, ignore_index: int = IGNORE_INDEX) -> Tensor:
     r"""The masked-LM loss, book eq. (eq-mlm-loss): the mean cross-entropy over the chosen positions
-    only, :math:`-\frac{1}{|\mathcal{M}|}\sum_{(b, n) \in \mathcal{M}} \log p_\theta(x_{b,n} \mid
-    \tilde{\mathbf{x}}_b)`, for ``logits`` ``(B, N, V)`` and ``targets`` ``(B, N)`` that hold
+    only, :math:`-\frac{1}{|\mathcal{T}|}\sum_{(i, n) \in \mathcal{T}} \log p_\theta(s_{i,n} \mid
+    \tilde{\mathbf{s}}_i, n)`, :math:`\mathcal{T}` the chosen positions and :math:`s_{i,n}` the
+    original token, for ``logits`` ``(B, N, V)`` and ``targets`` ``(B, N)`` that hold
     ``ignore_index`` at every position that is not scored (:func:`mask_tokens` makes them).
 
     Implements: eq-mlm-loss

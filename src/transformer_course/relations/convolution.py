@@ -116,11 +116,11 @@ def conv1d_reference(
     _check_tokens(X)
     _check_conv(X, weight, bias, 1, padding)
     N, J = X.shape[-2], weight.shape[-1]
-    c = (J - 1) // 2
+    j0 = (J - 1) // 2  # the centre tap
     Y = X.new_zeros(*X.shape[:-1], weight.shape[0])  # (..., N, C_out)
     for n in range(N):
         for j in range(J):
-            m = _read(n + j - c, N, padding)
+            m = _read(n + j - j0, N, padding)
             if m is not None:
                 Y[..., n, :] += X[..., m, :] @ weight[:, :, j].T  # x_m^T F_j
     return Y if bias is None else Y + bias
@@ -136,9 +136,10 @@ def conv1d_as_attention(
     Each tap is a head whose weights are the one-hot shift matrix :math:`\Lambda_{j-j_0}` (see
     :func:`shift_matrices`) and whose value-and-output map is :math:`F_j`. Same arguments, result and
     errors as :func:`conv1d_reference` (tested equal, and equal to ``F.conv1d``). With
-    ``padding="circular"`` the layer commutes with the cyclic shift :math:`\Pi`,
-    :math:`f(\Pi X) = \Pi f(X)` (book eq. ``eq-rel-equivariance``, tested), and with no other
-    permutation.
+    ``padding="circular"`` the layer commutes with every cyclic shift :math:`\Pi`,
+    :math:`f(\Pi X) = \Pi f(X)` (book eq. ``eq-rel-equivariance``, tested); for a generic kernel with
+    ``J > 1`` taps with no other permutation (a kernel symmetric in its taps also commutes with the
+    reflection ``n -> -n mod N``, a single tap with every permutation; both tested).
 
     Implements: eq-rel-conv1d
     """
@@ -154,12 +155,13 @@ def conv1d_attention_matrix(weight: Tensor, N: int, padding: str = "zeros") -> T
     r"""The attention matrix of every (output, input) channel pair of a 1-D convolution, book eq.
     ``eq-rel-conv-channels``.
 
-    .. math:: A^{(o,i)} = \sum_{j=0}^{J-1} k^{(o,i)}_j \Lambda_{j-j_0}, \qquad
-              A^{(o,i)}_{nm} = k^{(o,i)}_{m-n+j_0}, \qquad
+    .. math:: A^{(o,i)} = \sum_{j=0}^{J-1} \kappa^{(o,i)}_j \Lambda_{j-j_0}, \qquad
+              A^{(o,i)}_{nm} = \kappa^{(o,i)}_{m-n+j_0}, \qquad
               Y_{:,o} = b_o + \sum_i A^{(o,i)} X_{:,i}
 
-    with :math:`k^{(o,i)} = \texttt{weight[o, i]}`: one Toeplitz matrix (chapter *Attention*, eq.
-    ``eq-avg-toeplitz``) per pair of channels.
+    with :math:`\kappa^{(o,i)}` the kernel ``weight[o, i]`` (in code, channels count from 0): one
+    Toeplitz matrix (chapter *Attention*, eq. ``eq-avg-toeplitz``) per pair of channels. A signed
+    matrix whose rows need not sum to one, so in general no softmax head's weights.
 
     Args:
         weight: ``(C_out, C_in, J)``; N: tokens; padding: as :func:`shift_matrices`.
@@ -189,12 +191,14 @@ def conv1d_flat_matrix(weight: Tensor, N: int, padding: str = "zeros") -> Tensor
               \Lambda_{j-j_0} \otimes F_j^\top\Big)\, \mathrm{vec}(X)
 
     with ``vec`` stacking rows (``X.reshape(-1)``): block ``(n, m)`` is :math:`F_{m-n+j_0}^\top`, a
-    block-Toeplitz matrix. One attention head with fixed weights ``A`` and value-output map ``W`` is
-    the single term :math:`A \otimes W^\top` (chapter *The transformer block*), whose blocks are all
-    multiples of one matrix. So a layer of fixed heads needs at least as many heads as the rank of the
-    blocks, :math:`\min(J, C_\text{in} C_\text{out})` for a generic kernel: a lower bound for any
-    fixed matrices, signed or not. Softmax heads (non-negative rows summing to one) reach it with
-    ``J`` heads masked to one tap each (the book's construction); with
+    block-Toeplitz matrix. One attention head with fixed weights ``A`` and value-output map
+    :math:`W_\text{vo}` (``C_in x C_out``) is the single term :math:`A \otimes W_\text{vo}^\top`
+    (chapter *The transformer block*), whose blocks are all multiples of one matrix. So a layer of
+    fixed heads needs at least as many heads as the rank of the blocks,
+    :math:`\min(J, C_\text{in} C_\text{out})` for a generic kernel: a lower bound for any fixed
+    matrices, signed or not. Softmax heads (non-negative rows summing to one) reach it with ``J``
+    heads masked to one tap each (the book's construction), provided each head's value-output map
+    may be any ``C_in x C_out`` matrix (heads as wide as the channels); with
     :math:`C_\text{in} C_\text{out} \ge J` that is exactly the bound, with fewer channel pairs the
     bound is met by signed matrices that no softmax head computes.
 
@@ -218,12 +222,12 @@ def conv2d_reference(
 ) -> Tensor:
     r"""A 2-D convolution layer written as its sum over pixels and taps, book eq. ``eq-rel-conv2d``.
 
-    .. math:: \mathbf{y}_{(i,j)} = \mathbf{b} + \sum_{p=0}^{J_h-1}\sum_{q=0}^{J_w-1}
-              F_{pq}^\top\, \mathbf{x}_{(i+p-p_0,\ j+q-q_0)}
+    .. math:: \mathbf{y}_{(r,c)} = \mathbf{b} + \sum_{p=0}^{J_h-1}\sum_{q=0}^{J_w-1}
+              F_{pq}^\top\, \mathbf{x}_{(r+p-p_0,\ c+q-q_0)}
 
-    with :math:`F_{pq} = \texttt{weight[:, :, p, q]}^\top` and the centres
-    :math:`p_0 = \lfloor (J_h-1)/2 \rfloor`, :math:`q_0 = \lfloor (J_w-1)/2 \rfloor`: ``F.conv2d``
-    with ``padding="same"``.
+    for the pixel in row ``r`` and column ``c``, with :math:`F_{pq} = \texttt{weight[:, :, p, q]}^\top`
+    and the centres :math:`p_0 = \lfloor (J_h-1)/2 \rfloor`, :math:`q_0 = \lfloor (J_w-1)/2 \rfloor`:
+    ``F.conv2d`` with ``padding="same"``.
 
     Args:
         X_img: images ``(..., C_in, H_px, W_px)``, PyTorch's layout.
@@ -242,13 +246,14 @@ def conv2d_reference(
     J_h, J_w = weight.shape[-2:]
     c_h, c_w = (J_h - 1) // 2, (J_w - 1) // 2
     Y = X_img.new_zeros(*X_img.shape[:-3], weight.shape[0], H_px, W_px)
-    for i in range(H_px):
-        for j in range(W_px):
+    for r in range(H_px):  # the output pixel (r, c)
+        for c in range(W_px):
             for p in range(J_h):
                 for q in range(J_w):
-                    r, s = _read(i + p - c_h, H_px, padding), _read(j + q - c_w, W_px, padding)
-                    if r is not None and s is not None:
-                        Y[..., :, i, j] += X_img[..., :, r, s] @ weight[:, :, p, q].T
+                    r_src = _read(r + p - c_h, H_px, padding)  # the input pixel (r_src, c_src)
+                    c_src = _read(c + q - c_w, W_px, padding)
+                    if r_src is not None and c_src is not None:
+                        Y[..., :, r, c] += X_img[..., :, r_src, c_src] @ weight[:, :, p, q].T
     return Y if bias is None else Y + bias[:, None, None]
 
 
@@ -296,7 +301,8 @@ def relative_shift_attention(
     can learn to attend to one relative position: as :math:`\alpha \to \infty` row ``n`` puts all its
     weight on the position nearest to ``n + delta``, so ``A`` tends to the shift matrix
     :math:`\Lambda_\delta` with *replicate* padding (a softmax row cannot be zero, so zero padding is
-    out of reach).
+    out of reach; Cordonnier et al. obtain it by padding the image with zero pixels as extra tokens
+    and cropping the output). The limit is never reached at a finite ``alpha``.
 
     Args:
         N: tokens; delta: the offset to attend to; alpha: the sharpness, ``>= 0``.

@@ -65,11 +65,12 @@ def edges_of(mask: Tensor) -> Tensor:
     return mask.nonzero().flip(1)  # nonzero gives (n, m) rows
 
 
-def window_edges(N: int, w: int, causal: bool = False) -> Tensor:
+def window_edges(N: int, reach: int, causal: bool = False) -> Tensor:
     r"""The graph of local (sliding-window) attention: an edge ``m -> n`` whenever
-    :math:`|n - m| \le w` (and :math:`m \le n` if ``causal``), self-loops included. Here ``w`` is the
-    reach, the tokens on each side; the book's window width is ``w + 1`` (book eq. ``eq-rel-window``
-    and chapter *Extensions*, whose width counts the token itself).
+    :math:`|n - m| \le` ``reach`` (and :math:`m \le n` if ``causal``), self-loops included. The
+    ``reach`` counts the tokens on each side; the book's window width is :math:`w` = ``reach + 1``
+    (book eq. ``eq-rel-window`` and chapter *Extensions*, whose width counts the token itself; the
+    Longformer's window size counts both sides, ``2 * reach``).
 
     Built offset by offset, never as an ``N x N`` matrix, so long sequences are cheap. The number of
     edges is :func:`window_edge_count`.
@@ -80,36 +81,38 @@ def window_edges(N: int, w: int, causal: bool = False) -> Tensor:
         ``(E, 2)`` long tensor of ``(m, n)`` rows.
     """
     _check_size("N", N)
-    _check_size("w (window half-width)", w, least=0)
+    _check_size("reach (tokens on each side)", reach, least=0)
     n = torch.arange(N)
     parts = []
-    for d in range(-w if not causal else 0, w + 1):  # m = n - d
+    for d in range(-reach if not causal else 0, reach + 1):  # m = n - d
         keep = (n - d >= 0) & (n - d < N)
         parts.append(torch.stack([n[keep] - d, n[keep]], dim=1))
     return torch.cat(parts)
 
 
-def window_edge_count(N: int, w: int, causal: bool = False) -> int:
-    r"""Edges of :func:`window_edges` for the reach ``w`` (book eq. ``eq-rel-window`` with the width
-    ``w + 1``), with :math:`w' = \min(w, N-1)`:
+def window_edge_count(N: int, reach: int, causal: bool = False) -> int:
+    r"""Edges of :func:`window_edges` (book eq. ``eq-rel-window`` with the width
+    :math:`w` = ``reach + 1``), with :math:`r = \min(\text{reach}, N-1)`:
 
-    .. math:: |\mathcal{E}| = N(2w'+1) - w'(w'+1) \quad\text{or, causal,}\quad
-              N(w'+1) - \tfrac{1}{2} w'(w'+1)
+    .. math:: |\mathcal{E}| = N(2r+1) - r(r+1) \quad\text{or, causal,}\quad
+              N(r+1) - \tfrac{1}{2} r(r+1)
 
     Implements: eq-rel-window
     """
     _check_size("N", N)
-    _check_size("w (window half-width)", w, least=0)
-    w = min(w, N - 1)
-    return N * (w + 1) - w * (w + 1) // 2 if causal else N * (2 * w + 1) - w * (w + 1)
+    _check_size("reach (tokens on each side)", reach, least=0)
+    r = min(reach, N - 1)
+    return N * (r + 1) - r * (r + 1) // 2 if causal else N * (2 * r + 1) - r * (r + 1)
 
 
 def strided_edges(N: int, stride: int) -> Tensor:
     r"""The causal graph of the strided sparse attention of Child et al. (2019), both of its heads
     together: node ``n`` reads the ``stride`` nodes before it and every ``stride``-th node before
     those, an edge ``m -> n`` whenever :math:`0 \le n - m \le \text{stride}` or ``stride`` divides
-    :math:`n - m`. With ``stride`` about :math:`\sqrt N` a node has about :math:`2\sqrt N`
-    in-neighbours, :math:`O(N\sqrt N)` edges in all.
+    :math:`n - m`. With ``stride`` about :math:`\sqrt N` the last nodes have about
+    :math:`2\sqrt N` in-neighbours and a node has about :math:`1.5\sqrt N` on average (``stride + 1``
+    near ones, and :math:`n/\text{stride}` strided ones, :math:`\sqrt N / 2` on average), so
+    :math:`O(N\sqrt N)` edges in all.
 
     Returns:
         ``(E, 2)`` long tensor of ``(m, n)`` rows, each edge once.
@@ -134,9 +137,9 @@ def graph_attention_loop(X: Tensor, edges: Tensor, W_q: Tensor, W_k: Tensor, W_v
     r"""Dot-product attention as message passing, node by node and edge by edge, book eq.
     ``eq-rel-graph``.
 
-    .. math:: e_{nm} = \frac{(W_q^\top\mathbf{x}_n)^\top(W_k^\top\mathbf{x}_m)}{\sqrt{d_k}},\quad
-              a_{nm} = \frac{\exp e_{nm}}{\sum_{m' \in \mathcal{N}(n)} \exp e_{nm'}},\quad
-              \mathbf{y}_n = \sum_{m\in\mathcal{N}(n)} a_{nm} W_v^\top\mathbf{x}_m
+    .. math:: S_{nm} = \frac{(W_q^\top\mathbf{x}_n)^\top(W_k^\top\mathbf{x}_m)}{\sqrt{d_k}},\quad
+              A_{nm} = \frac{\exp S_{nm}}{\sum_{m' \in \mathcal{N}(n)} \exp S_{nm'}},\quad
+              \mathbf{y}_n = \sum_{m\in\mathcal{N}(n)} A_{nm} W_v^\top\mathbf{x}_m
 
     with :math:`\mathcal{N}(n) = \{m : (m, n) \in \mathcal{E}\}` the in-neighbours of ``n``
     (chapter *The transformer block*, eq. ``eq-block-gnn``). A node with no in-neighbour gets zeros.
@@ -204,7 +207,7 @@ def graph_attention_edges(
     top = top.scatter_reduce(0, dst, e, reduce="amax")  # each target's largest score
     p = torch.exp(e - top[dst])  # (E,)
     z = X.new_zeros(N).index_add(0, dst, p)  # (N,): the softmax denominators
-    a = p / z[dst]  # (E,): a_nm, summing to one over each target's edges
+    a = p / z[dst]  # (E,): A_nm, summing to one over each target's edges
     return X.new_zeros(N, W_v.shape[1]).index_add(0, dst, a[:, None] * V[src])
 
 
@@ -213,7 +216,7 @@ def gat_scores(
 ) -> Tensor:
     r"""The score of a graph-attention (GAT) layer for every pair, book eq. ``eq-rel-gat``.
 
-    .. math:: e_{nm} = \operatorname{LeakyReLU}\big(\mathbf{u}^\top [W^\top\mathbf{x}_n \,\Vert\,
+    .. math:: S_{nm} = \operatorname{LeakyReLU}\big(\mathbf{u}^\top [W^\top\mathbf{x}_n \,\Vert\,
               W^\top\mathbf{x}_m]\big) = \operatorname{LeakyReLU}\big(\mathbf{u}_1^\top W^\top
               \mathbf{x}_n + \mathbf{u}_2^\top W^\top \mathbf{x}_m\big)
 
@@ -249,7 +252,7 @@ def gat_attention(
     negative_slope: float = 0.2,
 ) -> Tensor:
     r"""A single-head GAT layer before its output nonlinearity, book eq. ``eq-rel-gat``:
-    :math:`\mathbf{y}_n = \sum_{m\in\mathcal{N}(n)} \operatorname{softmax}_m(e_{nm})\, W^\top\mathbf{x}_m`,
+    :math:`\mathbf{y}_n = \sum_{m\in\mathcal{N}(n)} \operatorname{softmax}_m(S_{nm})\, W^\top\mathbf{x}_m`,
     the scores :func:`gat_scores` masked by :func:`adjacency_mask` (nodes with no in-neighbour get
     zeros). Arguments as :func:`gat_scores` plus ``edges (E, 2)``; returns ``(..., N, d_v)``; tested
     equal to :func:`gat_attention_loop`.

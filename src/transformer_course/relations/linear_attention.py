@@ -45,8 +45,10 @@ def linear_attention_parallel(
               \mathbf{v}_m}{\sum_{m \le n} \psi(\mathbf{q}_n)^\top\psi(\mathbf{k}_m)}
 
     (Katharopoulos et al. 2020): attention whose weights are the normalised rows of the masked
-    matrix :math:`\psi(Q)\psi(K)^\top`, with no softmax. Causal: an ``(N, N)`` matrix, cost
-    :math:`O(N^2 (d_\psi + d_v))` (``2 N^2 (d_psi + d_v)`` FLOPs of matrix products). With
+    matrix :math:`\psi(Q)\psi(K)^\top`, with no softmax. Causal, this function forms the masked
+    ``(N, N)`` matrix, cost :math:`O(N^2 (d_\psi + d_v))` (``2 N^2 (d_psi + d_v)`` FLOPs of matrix
+    products), simple and fast for short sequences; the same causal outputs cost
+    :math:`O(N d_\psi d_v)` as running sums (:func:`linear_attention_recurrent`). With
     ``causal=False`` the sums run over all ``m`` and associativity, :math:`\psi(Q)\,(\psi(K)^\top V)`,
     gives cost :math:`O(N d_\psi d_v)` (``4 N d_psi d_v + 2 N d_psi``), linear in ``N``.
 
@@ -265,8 +267,8 @@ def decay_matrix(gamma: Tensor) -> Tensor:
 
     so :math:`\mathcal{D}_{nn} = 1`. For a constant :math:`\gamma` it is
     :math:`\gamma^{n-m}`, RetNet's mask (Sun et al. 2023); Mamba-2 calls the general one a
-    1-semiseparable matrix (Dao and Gu 2024). Computed as :math:`\exp(L_n - L_m)` with the running
-    sums :math:`L_n = \sum_{t \le n} \log\gamma_t`.
+    1-semiseparable matrix (Dao and Gu 2024). Computed as :math:`\exp(g_n - g_m)` with the running
+    sums :math:`g_n = \sum_{t \le n} \log\gamma_t`.
 
     Args:
         gamma: ``(..., N)``, every entry in ``(0, 1]``.
@@ -282,10 +284,10 @@ def decay_matrix(gamma: Tensor) -> Tensor:
     if not isinstance(gamma, Tensor) or gamma.dim() < 1:
         raise ValueError("gamma must be a tensor (..., N) of decays, one per token")
     gamma = _check_gamma(gamma, gamma[..., None])  # (..., N), in (0, 1]
-    L = torch.log(gamma).cumsum(dim=-1)  # (..., N): L_n = sum_{t <= n} log gamma_t
+    g = torch.log(gamma).cumsum(dim=-1)  # (..., N): g_n = sum_{t <= n} log gamma_t
     N = gamma.shape[-1]
     below = torch.ones(N, N, dtype=torch.bool, device=gamma.device).tril()  # m <= n
-    logs = (L[..., :, None] - L[..., None, :]).masked_fill(~below, float("-inf"))  # L_n - L_m
+    logs = (g[..., :, None] - g[..., None, :]).masked_fill(~below, float("-inf"))  # g_n - g_m
     return torch.exp(logs)  # (..., N, N)
 
 
@@ -312,7 +314,7 @@ def gated_linear_attention_parallel(
     special case of GLA's gate (Yang et al. 2024), which gives each feature its own.
     ``normalise=False`` returns the numerator only, the form of those three papers (which normalise
     the output afterwards instead; RetNet with a group norm), usually with ``feature_map=None``
-    (identity).
+    (identity; RetNet also rotates its queries and keys by their positions, left out here).
 
     Args:
         Q, K: ``(..., N, d_k)``; V: ``(..., N, d_v)``.

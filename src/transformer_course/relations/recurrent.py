@@ -12,22 +12,22 @@ from ._checks import _check_size, _check_tokens
 
 
 def tanh_rnn_reference(
-    X: Tensor, W_x: Tensor, W_s: Tensor, b: Tensor, s_0: Tensor | None = None
+    X: Tensor, W_x: Tensor, W_z: Tensor, b_z: Tensor, z_0: Tensor | None = None
 ) -> Tensor:
     r"""An Elman (tanh) recurrent network, one step after the other, book eq. ``eq-rel-rnn``.
 
-    .. math:: \mathbf{s}_n = \tanh\big(W_\text{x}^\top \mathbf{x}_n + W_\text{s}^\top \mathbf{s}_{n-1}
-              + \mathbf{b}_\text{s}\big), \qquad \mathbf{s}_0 = \mathbf{0}
+    .. math:: \mathbf{z}_n = \tanh\big(W_\text{x}^\top \mathbf{x}_n + W_\text{z}^\top \mathbf{z}_{n-1}
+              + \mathbf{b}_\text{z}\big), \qquad \mathbf{z}_0 = \mathbf{0}
 
     Turner (2023, footnote 10) writes it :math:`x^{(1)}_n = f(x^{(1)}_{n-1}; x^{(0)}_n)`.
 
     Args:
         X: tokens ``(..., N, D)``.
-        W_x: ``(D, D_s)``; W_s: ``(D_s, D_s)``; b: ``(D_s,)`` (``nn.RNN``'s ``b_ih + b_hh``).
-        s_0: the initial state ``(..., D_s)``; default zeros.
+        W_x: ``(D, D_z)``; W_z: ``(D_z, D_z)``; b_z: ``(D_z,)`` (``nn.RNN``'s ``b_ih + b_hh``).
+        z_0: the initial state ``(..., D_z)``; default zeros.
 
     Returns:
-        The states ``(..., N, D_s)``, row ``n`` being :math:`\mathbf{s}_n`.
+        The states ``(..., N, D_z)``, row ``n`` being :math:`\mathbf{z}_n`.
 
     Raises:
         ValueError: when the weights do not fit ``X`` or each other.
@@ -38,30 +38,31 @@ def tanh_rnn_reference(
     D = X.shape[-1]
     if W_x.dim() != 2 or W_x.shape[0] != D:
         hint = (
-            "; it looks transposed (nn.RNN stores weight_ih as (D_s, D))"
+            "; it looks transposed (nn.RNN stores weight_ih as (D_z, D))"
             if W_x.shape[-1] == D
             else ""
         )
-        raise ValueError(f"W_x has shape {_shape(W_x)} but must be (D, D_s) with D={D}{hint}")
-    D_s = W_x.shape[1]
-    if W_s.shape != (D_s, D_s) or b.shape != (D_s,):
+        raise ValueError(f"W_x has shape {_shape(W_x)} but must be (D, D_z) with D={D}{hint}")
+    D_z = W_x.shape[1]
+    if W_z.shape != (D_z, D_z) or b_z.shape != (D_z,):
         raise ValueError(
-            f"W_s {_shape(W_s)} must be (D_s, D_s) and b {_shape(b)} must be (D_s,) with D_s={D_s}"
+            f"W_z {_shape(W_z)} must be (D_z, D_z) and b_z {_shape(b_z)} must be (D_z,) with "
+            f"D_z={D_z}"
         )
-    s = X.new_zeros(*X.shape[:-2], D_s) if s_0 is None else s_0  # (..., D_s)
+    z = X.new_zeros(*X.shape[:-2], D_z) if z_0 is None else z_0  # (..., D_z)
     states = []
     for n in range(X.shape[-2]):  # N steps, each waiting for the previous one
-        s = torch.tanh(X[..., n, :] @ W_x + s @ W_s + b)
-        states.append(s)
-    return torch.stack(states, dim=-2)  # (..., N, D_s)
+        z = torch.tanh(X[..., n, :] @ W_x + z @ W_z + b_z)
+        states.append(z)
+    return torch.stack(states, dim=-2)  # (..., N, D_z)
 
 
 class TanhRNN(nn.Module):
     """An Elman (tanh) recurrent layer, book eq. ``eq-rel-rnn``, computed by PyTorch's ``nn.RNN``.
 
-    ``forward(X (B, N, D) or (N, D)) -> states (B, N, D_s) or (N, D_s)``. :attr:`weights` gives
-    ``W_x``, ``W_s``, ``b`` in the course's ``x @ W`` convention for :func:`tanh_rnn_reference`
-    (tested equal). ``nn.RNN`` stores ``weight_ih (D_s, D) = W_x^T`` and two biases that it adds.
+    ``forward(X (B, N, D) or (N, D)) -> states (B, N, D_z) or (N, D_z)``. :attr:`weights` gives
+    ``W_x``, ``W_z``, ``b_z`` in the course's ``x @ W`` convention for :func:`tanh_rnn_reference`
+    (tested equal). ``nn.RNN`` stores ``weight_ih (D_z, D) = W_x^T`` and two biases that it adds.
 
     Implements: eq-rel-rnn
     """
@@ -80,38 +81,40 @@ class TanhRNN(nn.Module):
                 f"(B, N, {self.rnn.input_size}) or (N, {self.rnn.input_size})"
             )
         single = X.dim() == 2
-        states, _ = self.rnn(X[None] if single else X)  # (B, N, D_s)
+        states, _ = self.rnn(X[None] if single else X)  # (B, N, D_z)
         return states[0] if single else states
 
     @property
     def weights(self) -> dict[str, Tensor]:
-        """``W_x (D, D_s)``, ``W_s (D_s, D_s)`` and ``b (D_s,)`` for :func:`tanh_rnn_reference`."""
+        """``W_x (D, D_z)``, ``W_z (D_z, D_z)`` and ``b_z (D_z,)`` for :func:`tanh_rnn_reference`."""
         r = self.rnn
         return {
             "W_x": r.weight_ih_l0.detach().T,
-            "W_s": r.weight_hh_l0.detach().T,
-            "b": (r.bias_ih_l0 + r.bias_hh_l0).detach(),
+            "W_z": r.weight_hh_l0.detach().T,
+            "b_z": (r.bias_ih_l0 + r.bias_hh_l0).detach(),
         }
 
 
-def rnn_state_jacobian(X: Tensor, W_x: Tensor, W_s: Tensor, b: Tensor) -> Tensor:
+def rnn_state_jacobian(X: Tensor, W_x: Tensor, W_z: Tensor, b_z: Tensor) -> Tensor:
     r"""How the last state of a tanh RNN depends on every token, by the chain rule, book eq.
     ``eq-rel-rnn-jacobian``.
 
-    .. math:: \frac{\partial \mathbf{s}_N}{\partial \mathbf{x}_n} =
-              \Big(\prod_{k=N}^{n+1} \mathcal{T}_k W_\text{s}^\top\Big)\, \mathcal{T}_n W_\text{x}^\top,
-              \qquad \mathcal{T}_k = \operatorname{diag}\big(1 - \mathbf{s}_k^2\big)
+    .. math:: \frac{\partial \mathbf{z}_N}{\partial \mathbf{x}_n} =
+              \Big(\prod_{t=N}^{n+1} \mathcal{T}_t W_\text{z}^\top\Big)\, \mathcal{T}_n W_\text{x}^\top,
+              \qquad \mathcal{T}_t = \operatorname{diag}\big(1 - \mathbf{z}_t^2\big)
 
-    (the product ordered from ``k = N`` on the left down to ``n + 1``). Every factor has norm at most
-    :math:`\lVert W_\text{s}\rVert_2`, so the block is at most
-    :math:`\lVert W_\text{s}\rVert_2^{N-n}\lVert W_\text{x}\rVert_2` (Bengio et al. 1994; Pascanu
+    (the product ordered from ``t = N`` on the left down to ``n + 1``: :math:`N - n + 1` factors).
+    Each factor :math:`\mathcal{T}_t W_\text{z}^\top` has norm at most
+    :math:`\lVert W_\text{z}\rVert_2` and the last at most :math:`\lVert W_\text{x}\rVert_2`, since
+    :math:`|\tanh'| \le 1`, so the block is at most
+    :math:`\lVert W_\text{z}\rVert_2^{N-n}\lVert W_\text{x}\rVert_2` (Bengio et al. 1994; Pascanu
     et al. 2013).
 
     Args:
-        X: one sequence ``(N, D)``; W_x, W_s, b: as :func:`tanh_rnn_reference`.
+        X: one sequence ``(N, D)``; W_x, W_z, b_z: as :func:`tanh_rnn_reference`.
 
     Returns:
-        ``(N, D_s, D)``: block ``n`` is :math:`\partial\mathbf{s}_N/\partial\mathbf{x}_n`.
+        ``(N, D_z, D)``: block ``n`` is :math:`\partial\mathbf{z}_N/\partial\mathbf{x}_n`.
 
     Raises:
         ValueError: for a batched ``X`` (pass one sequence) and as :func:`tanh_rnn_reference`.
@@ -122,14 +125,14 @@ def rnn_state_jacobian(X: Tensor, W_x: Tensor, W_s: Tensor, b: Tensor) -> Tensor
         got = _shape(X) if isinstance(X, Tensor) else type(X).__name__
         raise ValueError(f"X must be one sequence (N, D), got {got}; loop over a batch yourself")
     with torch.no_grad():
-        S = tanh_rnn_reference(X, W_x, W_s, b)  # (N, D_s)
-    N, D_s = S.shape
-    G = torch.eye(D_s, dtype=X.dtype, device=X.device)  # d s_N / d s_k, from k = N down
+        Z = tanh_rnn_reference(X, W_x, W_z, b_z)  # (N, D_z)
+    N, D_z = Z.shape
+    G = torch.eye(D_z, dtype=X.dtype, device=X.device)  # d z_N / d z_t, from t = N down
     blocks = [None] * N
     for n in range(N - 1, -1, -1):
-        G_n = G * (1 - S[n] ** 2)  # (D_s, D_s): G T_n (scales the columns)
-        blocks[n] = G_n @ W_x.T  # (D_s, D)
-        G = G_n @ W_s.T  # one more step back
+        G_n = G * (1 - Z[n] ** 2)  # (D_z, D_z): G T_n (scales the columns)
+        blocks[n] = G_n @ W_x.T  # (D_z, D)
+        G = G_n @ W_z.T  # one more step back
     return torch.stack(blocks)
 
 
@@ -246,7 +249,9 @@ def autograd_depth(y: Tensor) -> int:
     """The longest chain of operations autograd recorded from the leaves to ``y``.
 
     Operations on one chain must run one after the other, so this counts the *sequential* steps of a
-    computation: it grows with ``N`` for a recurrence and stays fixed for attention.
+    computation as written: it grows with ``N`` for a recurrence computed step by step (for a
+    nonlinear one such as the tanh RNN there is no other way; a linear recurrence also has a parallel
+    form) and stays fixed for attention.
 
     Raises:
         ValueError: when ``y`` was not computed from a tensor that requires gradients.

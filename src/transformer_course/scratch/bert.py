@@ -26,10 +26,10 @@ def mask_tokens(s, vocab_size, mask_id, rho=0.15, generator=None):
     # draws on the CPU from `generator` (as the package: one seed, one batch on every device)
     u = torch.rand(s.shape, generator=generator).to(s.device)  # u_{i,n}: is position n chosen?
     v = torch.rand(s.shape, generator=generator).to(s.device)  # v_{i,n}: how is it replaced?
-    r = torch.randint(vocab_size, s.shape, generator=generator).to(s.device)  # r_{i,n}: real token
+    w = torch.randint(vocab_size, s.shape, generator=generator).to(s.device)  # w_{i,n}: real token
     c = u < rho  # c_{i,n} = [u_{i,n} < rho]
     s_tilde = torch.where(c & (v < 0.8), mask_id, s)  # 80 % of the chosen: [MASK]
-    s_tilde = torch.where(c & (v >= 0.8) & (v < 0.9), r.to(s.dtype), s_tilde)  # 10 %: random token
+    s_tilde = torch.where(c & (v >= 0.8) & (v < 0.9), w.to(s.dtype), s_tilde)  # 10 %: random token
     targets = torch.where(c, s, IGNORE_INDEX)  # the other 10 % keep their token, but are scored
     return s_tilde, targets, c
 

@@ -86,7 +86,7 @@ class GPT(nn.Module):
         self.final_norm = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)  # (V, D)
         self.lm_head.weight = self.embed.tok_emb.weight  # tied: W_vocab = E^T
-        for name, p in self.named_parameters():  # GPT-2's initialisation
+        for name, p in self.named_parameters():  # nanoGPT's GPT-2-style initialisation
             if name.endswith(("W_o.weight", "mlp.2.weight")):  # the projections onto the residual
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layers))
             elif p.dim() == 2:  # the other weight matrices and the tables
@@ -95,6 +95,8 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
 
     def forward(self, idx, targets=None):
+        """idx (B, N) token ids; targets (B, N) the next tokens, already shifted (the y of a batch:
+        targets[b, n] follows idx[b, n], so they are not shifted again here), or None."""
         X = self.drop(self.embed(idx))  # (B, N, D)
         for block in self.blocks:
             X = block(X)  # (B, N, D)

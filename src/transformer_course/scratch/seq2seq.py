@@ -16,23 +16,23 @@ from torch import Tensor, nn
 
 
 class MultiHeadAttention(nn.Module):
-    """Queries from ``X``, keys from ``Z_k``, values from ``Z_v``: self-attention is
-    ``attend(X, X, X, mask)``, cross-attention ``attend(X, X_mem, X_mem, mask)``."""
+    """Queries from ``X``, keys from ``X_k``, values from ``X_v``: self-attention is the call
+    ``attn(X, X, X, mask)``, cross-attention ``attn(X, X_mem, X_mem, mask)``."""
 
     def __init__(self, D: int, H: int) -> None:
         super().__init__()
         self.H, self.d_k = H, D // H
         self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(D, D) for _ in range(4))
 
-    def forward(self, X: Tensor, Z_k: Tensor, Z_v: Tensor, mask: Tensor | None = None) -> Tensor:
-        """``X (B, N, D)``, ``Z_k, Z_v (B, M, D)``; ``mask (N, M)``, ``(B, 1, M)`` or ``(B, N, M)``
+    def forward(self, X: Tensor, X_k: Tensor, X_v: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``X (B, N, D)``, ``X_k, X_v (B, M, D)``; ``mask (N, M)``, ``(B, 1, M)`` or ``(B, N, M)``
         (with ``unsqueeze(-3)`` below, any mask that broadcasts to ``(B, H, N, M)``)."""
         B, N, D = X.shape
-        M, H, d_k = Z_k.shape[1], self.H, self.d_k
+        M, H, d_k = X_k.shape[1], self.H, self.d_k
         # (B, N, D) -> (B, N, H, d_k) -> (B, H, N, d_k): head h gets features h d_k .. (h+1) d_k - 1
         Q = self.W_q(X).view(B, N, H, d_k).transpose(1, 2)
-        K = self.W_k(Z_k).view(B, M, H, d_k).transpose(1, 2)  # (B, M, D) -> (B, H, M, d_k)
-        V = self.W_v(Z_v).view(B, M, H, d_k).transpose(1, 2)  # (B, M, D) -> (B, H, M, d_k)
+        K = self.W_k(X_k).view(B, M, H, d_k).transpose(1, 2)  # (B, M, D) -> (B, H, M, d_k)
+        V = self.W_v(X_v).view(B, M, H, d_k).transpose(1, 2)  # (B, M, D) -> (B, H, M, d_k)
         S = Q @ K.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, N, M): the scores of every head
         if mask is not None:  # one mask for every head: (B, N, M) -> (B, 1, N, M)
             S = S.masked_fill(~mask.unsqueeze(-3), float("-inf"))  # weight exactly 0 after softmax

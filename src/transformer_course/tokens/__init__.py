@@ -1,8 +1,8 @@
 """Data as tokens: characters, byte-pair encoding and image patches.
 
-Chapter: *Data as tokens* (Turner 2023, sec. 1; MIT 6.390, sec. 9.2; the notes on Bishop & Bishop 2024,
-sec. 2.3 and 2.5). A transformer never sees text or pixels, only a sequence of tokens. This subpackage
-turns data into tokens, one file per part:
+Chapter: *Data as tokens* (Turner 2023, sec. 1; MIT 6.390, sec. 9.2; the lecture notes on Bishop &
+Bishop's chapter 12, sec. 2.3 and 2.5). A transformer never sees text or pixels, only a sequence of
+tokens. This subpackage turns data into tokens, one file per part:
 
 * ``chars.py``: :class:`CharTokenizer`, one token per character, the vocabulary being the sorted
   distinct characters of a text (tiny-shakespeare gives 65).

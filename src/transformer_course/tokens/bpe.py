@@ -31,12 +31,14 @@ __all__ = ["BPETokenizer", "merge_pair", "pair_counts"]
 
 
 def pair_counts(ids: Iterable[int] | Tensor) -> Counter[tuple[int, int]]:
-    r"""How often each adjacent pair ``(ids[i], ids[i+1])`` occurs in one sequence.
+    r"""How often each adjacent pair ``(ids[i], ids[i+1])`` occurs in one piece ``w``.
 
-    .. math:: c(a, b) = \sum_{n=1}^{N-1} [s_n = a]\,[s_{n+1} = b]
+    .. math:: n_w(v, v') = \sum_{i=1}^{|w|-1} [w_i = v]\,[w_{i+1} = v']
 
-    (eq. ``eq-tok-bpe-pair``; one step of BPE training, Sennrich et al. 2016). Pairs are counted at
-    every position, so ``[1, 1, 1]`` holds ``(1, 1)`` twice. A list or a 1-D tensor of ids works.
+    (eq. ``eq-tok-bpe-pair``, the count inside one piece; the training count is
+    :math:`c(v, v') = \sum_w f_w\, n_w(v, v')`, each distinct piece weighted by its frequency; one
+    step of BPE training, Sennrich et al. 2016). Pairs are counted at every position, so
+    ``[1, 1, 1]`` holds ``(1, 1)`` twice. A list or a 1-D tensor of ids works.
 
     Implements: eq-tok-bpe-pair
     """
@@ -174,12 +176,17 @@ class BPETokenizer:
     ) -> BPETokenizer:
         """A tokenizer from a ranks table, ``{token bytes: rank}``, whose ids are the ranks.
 
-        This is how GPT-2's tokenizer is published (OpenAI's ``gpt2.tiktoken`` / ``r50k_base``: 50,256
-        byte strings with their ranks; ``"<|endoftext|>"`` is id 50256). Ranks ``0..255`` are the 256
-        single bytes, but *not* in byte order: byte ``b`` has the rank the table gives it. A piece is
-        encoded by merging, again and again, the adjacent pair of tokens whose concatenation is in
-        the table with the lowest rank, the leftmost on a tie (eq. ``eq-tok-bpe-rank``, tiktoken's
-        rule); for a table learned by BPE, this applies the merges in the order they were learned.
+        This is the form in which OpenAI's ``tiktoken`` keeps GPT-2's tokenizer (``gpt2.tiktoken`` /
+        ``r50k_base``: 50,256 byte strings with their ranks; ``"<|endoftext|>"`` is id 50256; GPT-2
+        itself was released as ``encoder.json`` and the 50,000 merges of ``vocab.bpe``, applied by
+        rank). Ranks ``0..255`` are the 256 single bytes, but *not* in byte order: byte ``b`` has the
+        rank the table gives it. A piece is encoded by merging, again and again, the adjacent pair of
+        tokens whose concatenation is in the table with the lowest rank, the leftmost on a tie (eq.
+        ``eq-tok-bpe-rank``, tiktoken's rule); for a table learned by BPE, this applies the merges in
+        the order they were learned. For the vocabulary of a tokenizer trained by the course, this
+        gives the ids of its merge list (the tests compare them); for an arbitrary merge list it may
+        not, since a token can be the concatenation of more than one pair of tokens and the table
+        joins any of them.
 
         Args:
             ranks: every token's bytes and its rank (its id); all 256 single bytes must be present.
@@ -340,10 +347,11 @@ class BPETokenizer:
 
         Special tokens: one that starts before ``visible`` is seen whole, so the split there is final,
         and the ordinary text before it is a whole span. The ordinary text after the last of them may
-        go on: a piece's match looks at most one character past its end (``\\s+(?!\\S)`` looks at
-        the character after the run it gave back; ``'re`` after a lone ``'``; every other
-        alternative stops at the first character it cannot take), so every piece of it but the last
-        two is final. Those pieces are encoded as they are: cutting the text after them and
+        go on: where a piece ends depends on at most the two characters after it (``\\s+(?!\\S)``
+        looks at the character after the run it gave back; a lone ``'`` is a piece in ``x'r`` but
+        the start of ``'re`` in ``x're``; every other alternative stops at the first character it
+        cannot take), and the last two pieces hold at least two characters, so every piece of it but
+        the last two is final. Those pieces are encoded as they are: cutting the text after them and
         splitting the cut text again could join the last of them with the one before (``"\\n\\n"``
         at the end of a text is one piece, but two before a word).
         """
@@ -368,7 +376,9 @@ class BPETokenizer:
         Only the unsettled end of the text is held: the last two pieces and, with special tokens,
         up to the length of the longest one minus one character, which may be the start of a
         special token. A chunk may end anywhere: inside a word, a run of whitespace or a special
-        token. So memory stays constant however long the text, unless it has no piece boundary.
+        token. So memory stays bounded however long the text, unless it has no piece boundary: a
+        text without one (a long run of one letter) is held whole and split again at every chunk,
+        in time that grows with the square of its length.
 
         Raises:
             TypeError: if a chunk is not a string (open a file in text mode, ``open(path)``).

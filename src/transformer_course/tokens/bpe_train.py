@@ -78,11 +78,12 @@ def train_merges_reference(
 def train_merges(words: Words, n_merges: int, first_id: int = 256) -> list[tuple[int, int]]:
     r"""Learn the same merges as :func:`train_merges_reference`, updating counts instead of recounting.
 
-    After merging the pair :math:`p^\ast` into a new id, a word :math:`w` that held it becomes
-    :math:`w'`, and the count of every pair :math:`p` changes by
-    :math:`f_w\,(n_p(w') - n_p(w))`, summed over those words only (eq. ``eq-tok-bpe-update``;
-    :math:`n_p(w)` counts the positions of :math:`p` in :math:`w`). Words that do not hold
-    :math:`p^\ast` are untouched, so a merge costs time in proportion to the words it changes.
+    After merging the pair :math:`(v^\ast, v'^\ast)` into a new id, a word :math:`w` that held it
+    becomes :math:`\tilde{w}`, and the count of every pair :math:`(v, v')` changes by
+    :math:`f_w\,(n_{\tilde{w}}(v, v') - n_w(v, v'))`, summed over those words only (eq.
+    ``eq-tok-bpe-update``; :math:`n_w(v, v')` counts the positions of the pair in :math:`w`). Words
+    that do not hold the merged pair are untouched, so a merge costs time in proportion to the words
+    it changes.
 
     * ``where[p]``: the words that hold ``p`` (it may also list words that no longer do; merging such
       a word changes nothing, and it is skipped);
@@ -117,10 +118,10 @@ def train_merges(words: Words, n_merges: int, first_id: int = 256) -> list[tuple
             if len(new) == len(old):
                 continue  # listed, but no longer holds the pair
             f = freqs[i]
-            for pair in pairwise(old):  # eq. (eq-tok-bpe-update): - f_w n_p(w) ...
+            for pair in pairwise(old):  # eq. (eq-tok-bpe-update): - f_w n_w(pair) ...
                 counts[pair] -= f
                 touched.add(pair)
-            for pair in pairwise(new):  # ... + f_w n_p(w')
+            for pair in pairwise(new):  # ... + f_w n_w~(pair), w~ the word after the merge
                 counts[pair] += f
                 where[pair].add(i)
                 touched.add(pair)

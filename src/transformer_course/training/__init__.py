@@ -7,8 +7,11 @@ initialisation; McCandlish et al. 2018 on the gradient noise scale; Li et al. 20
 DistributedDataParallel; Kaplan et al. 2020 and Hoffmann et al. 2022 on scaling laws). The loop
 itself, its schedule :func:`.train.lr_at`, gradient accumulation and its data-parallel mode are shared
 infrastructure in :mod:`.train`, and saving and resuming a run in :mod:`.checkpoint`; this subpackage
-holds the equations the chapter derives, one file per part, each checked against PyTorch's own
-implementation in ``tests/test_training.py``:
+holds the equations the chapter derives, one file per part, each checked in
+``tests/test_training.py``: against PyTorch where it has the same thing (the cross-entropy, Adam
+and AdamW, clipping, forward hooks for the residual stream, its FLOP counter and allocations for the
+cost of a step, bfloat16 arithmetic for the rounding), and otherwise against a loop or synthetic data
+with a known answer (the noise scale, the scaling and IsoFLOP fits):
 
 * :mod:`.objective`: the cross-entropy and a log-sum-exp that does not overflow;
 * :mod:`.optim`: Adam, AdamW, Adam with an L2 penalty, clipping by the global norm;

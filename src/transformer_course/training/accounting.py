@@ -99,7 +99,7 @@ def step_memory(cfg: GPTConfig, B: int, N: int) -> dict[str, int]:
     ``eq-train-memory``:
 
     .. math:: \mathcal{B}_\text{step} = \underbrace{4|\theta|}_{\theta}
-              + \underbrace{4|\theta|}_{\mathbf{g}} + \underbrace{8|\theta|}_{\mathbf{m},\,\mathbf{u}}
+              + \underbrace{4|\theta|}_{\mathbf{g}} + \underbrace{8|\theta|}_{\mathbf{m},\,\mathbf{c}}
               + \mathcal{B}_\text{act},\qquad
               \mathcal{B}_\text{act} \approx 4BN\,(16LD + 2D + |\mathcal{V}|)
 

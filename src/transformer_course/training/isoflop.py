@@ -94,8 +94,8 @@ def isoflop_minima(profiles: dict[float, list[dict]]) -> dict[float, dict]:
 
 
 def fit_frontier(levels: Sequence[float], params_opt: Sequence[float]) -> tuple[float, float]:
-    r"""The line :math:`\ln|\theta|_\text{opt} = \gamma \ln\mathcal{C} + \ln G` through the
-    compute-optimal sizes, by least squares; returns :math:`(\gamma, G)`.
+    r"""The line :math:`\ln|\theta|_\text{opt} = \zeta \ln\mathcal{C} + \ln G` through the
+    compute-optimal sizes, by least squares; returns :math:`(\zeta, G)`.
 
     Raises:
         ValueError: fewer than two budgets.
@@ -104,8 +104,8 @@ def fit_frontier(levels: Sequence[float], params_opt: Sequence[float]) -> tuple[
         raise ValueError(
             f"the frontier needs the optimal size at two budgets or more, got {len(params_opt)}"
         )
-    gamma, log_g = np.polyfit(np.log(levels), np.log(params_opt), 1)
-    return float(gamma), float(np.exp(log_g))
+    zeta, log_g = np.polyfit(np.log(levels), np.log(params_opt), 1)
+    return float(zeta), float(np.exp(log_g))
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,9 @@ class LossSurface:
         return self.c + self.a * N ** (-self.alpha) + self.a_tok * T ** (-self.alpha_tok)
 
     @property
-    def gamma(self) -> float:
-        r""":math:`\gamma = \alpha_\text{tok} / (\alpha + \alpha_\text{tok})`, the exponent of
-        :math:`|\theta|_\text{opt} \propto \mathcal{C}^\gamma`."""
+    def zeta(self) -> float:
+        r""":math:`\zeta = \alpha_\text{tok} / (\alpha + \alpha_\text{tok})`, the exponent of
+        :math:`|\theta|_\text{opt} \propto \mathcal{C}^\zeta`."""
         return self.alpha_tok / (self.alpha + self.alpha_tok)
 
     def n_opt(self, compute) -> np.ndarray:
@@ -140,7 +140,7 @@ class LossSurface:
         :math:`n_\text{tok} = \mathcal{C} / (6|\theta|)`: setting the derivative in :math:`|\theta|`
         to zero,
 
-        .. math:: |\theta|_\text{opt} = G\,(\mathcal{C}/6)^{\gamma},\qquad
+        .. math:: |\theta|_\text{opt} = G\,(\mathcal{C}/6)^{\zeta},\qquad
                   G = \Big(\frac{\alpha a}{\alpha_\text{tok} a_\text{tok}}\Big)^{1/(\alpha +
                   \alpha_\text{tok})}
 
@@ -149,7 +149,7 @@ class LossSurface:
         G = (self.alpha * self.a / (self.alpha_tok * self.a_tok)) ** (
             1 / (self.alpha + self.alpha_tok)
         )
-        return G * (np.asarray(compute, dtype=np.float64) / 6) ** self.gamma
+        return G * (np.asarray(compute, dtype=np.float64) / 6) ** self.zeta
 
 
 def fit_loss_surface(runs: Sequence[dict]) -> tuple[LossSurface, float]:
@@ -159,8 +159,10 @@ def fit_loss_surface(runs: Sequence[dict]) -> tuple[LossSurface, float]:
     Five parameters: fit them only to runs that vary both the size and the tokens, and read the
     result with care when there are few (the book's IsoFLOP section shows how much one budget more or
     less moves it). Minimises over :math:`(\ln a, \alpha, \ln a_\text{tok}, \alpha_\text{tok},
-    \mathcal{L}_\infty)` with SciPy's trust-region least squares, exponents in :math:`[0, 5]`, from a
-    grid of starts.
+    \mathcal{L}_\infty)` with SciPy's trust-region least squares, exponents in :math:`[0, 5]` and
+    :math:`\mathcal{L}_\infty \ge 0` (a cross-entropy is never negative: runs that a surface with a
+    negative constant would fit better end on the bound, as :func:`.scaling.fit_power_law` does), from
+    a grid of starts.
 
     Raises:
         ValueError: fewer than six runs, or non-positive sizes or token counts.
@@ -180,11 +182,11 @@ def fit_loss_surface(runs: Sequence[dict]) -> tuple[LossSurface, float]:
         log_a, alpha, log_b, beta, c = q
         return np.exp(log_a) * (N / sN) ** -alpha + np.exp(log_b) * (T / sT) ** -beta + c - Y
 
-    lower, upper = [-np.inf, 0, -np.inf, 0, -np.inf], [np.inf, 5, np.inf, 5, np.inf]
+    lower, upper = [-np.inf, 0, -np.inf, 0, 0.0], [np.inf, 5, np.inf, 5, np.inf]  # L_inf >= 0
     best = None
     for alpha0 in (0.1, 0.3, 0.6):
         for beta0 in (0.1, 0.3, 0.6):
-            for c0 in Y.min() - np.array([0.1, 0.5, 1.0]):
+            for c0 in dict.fromkeys(np.maximum(Y.min() - np.array([0.1, 0.5, 1.0]), 0.0).tolist()):
                 start = np.array([np.log(0.3), alpha0, np.log(0.3), beta0, c0])
                 fit = least_squares(
                     residuals, start, bounds=(lower, upper), method="trf", x_scale="jac",

@@ -30,22 +30,22 @@ def _check_lists(params: Sequence[Tensor], grads: Sequence[Tensor], step: int) -
 
 
 def _adam_direction(
-    g: Tensor, m: Tensor, u: Tensor, betas: tuple[float, float], eps: float, step: int
+    g: Tensor, m: Tensor, c: Tensor, betas: tuple[float, float], eps: float, step: int
 ) -> Tensor:
-    """Update the moments ``m``, ``u`` in place with ``g``; return ``m_hat / (sqrt(u_hat) + eps)``."""
+    """Update the moments ``m``, ``c`` in place with ``g``; return ``m_hat / (sqrt(c_hat) + eps)``."""
     beta1, beta2 = betas
-    m.mul_(beta1).add_((1 - beta1) * g)  # m_s = beta1 m_{s-1} + (1 - beta1) g_s
-    u.mul_(beta2).add_((1 - beta2) * g * g)  # u_s = beta2 u_{s-1} + (1 - beta2) g_s^2
+    m.mul_(beta1).add_((1 - beta1) * g)  # m_u = beta1 m_{u-1} + (1 - beta1) g_u
+    c.mul_(beta2).add_((1 - beta2) * g * g)  # c_u = beta2 c_{u-1} + (1 - beta2) g_u^2
     m_hat = m / (1 - beta1**step)  # bias corrections
-    u_hat = u / (1 - beta2**step)
-    return m_hat / (torch.sqrt(u_hat) + eps)
+    c_hat = c / (1 - beta2**step)
+    return m_hat / (torch.sqrt(c_hat) + eps)
 
 
 def _moments(state: dict, params: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
     if "m" not in state:
         state["m"] = [torch.zeros_like(p) for p in params]  # m_0 = 0
-        state["u"] = [torch.zeros_like(p) for p in params]  # u_0 = 0
-    return state["m"], state["u"]
+        state["c"] = [torch.zeros_like(p) for p in params]  # c_0 = 0
+    return state["m"], state["c"]
 
 
 @torch.no_grad()
@@ -61,38 +61,40 @@ def adamw_step(
 ) -> None:
     r"""One AdamW update of ``params`` in place (Kingma & Ba 2015; Loshchilov & Hutter 2019):
 
-    .. math:: \mathbf{m}_s = \beta_1\mathbf{m}_{s-1} + (1-\beta_1)\mathbf{g}_s,\quad
-              \mathbf{u}_s = \beta_2\mathbf{u}_{s-1} + (1-\beta_2)\mathbf{g}_s^2,\quad
-              \hat{\mathbf{m}}_s = \frac{\mathbf{m}_s}{1-\beta_1^s},\quad
-              \hat{\mathbf{u}}_s = \frac{\mathbf{u}_s}{1-\beta_2^s}
+    .. math:: \mathbf{m}_u = \beta_1\mathbf{m}_{u-1} + (1-\beta_1)\mathbf{g}_u,\quad
+              \mathbf{c}_u = \beta_2\mathbf{c}_{u-1} + (1-\beta_2)\mathbf{g}_u^2,\quad
+              \hat{\mathbf{m}}_u = \frac{\mathbf{m}_u}{1-\beta_1^u},\quad
+              \hat{\mathbf{c}}_u = \frac{\mathbf{c}_u}{1-\beta_2^u}
 
-              \theta_s = \theta_{s-1} - \eta_s\Big(\frac{\hat{\mathbf{m}}_s}{\sqrt{\hat{\mathbf{u}}_s}
-              + \epsilon} + \lambda\,\theta_{s-1}\Big)
+              \theta_u = \theta_{u-1} - \eta_u\Big(\frac{\hat{\mathbf{m}}_u}{\sqrt{\hat{\mathbf{c}}_u}
+              + \epsilon} + \lambda\,\theta_{u-1}\Big)
 
-    The decay :math:`\lambda\theta` is *decoupled*: it never enters the moments. This is PyTorch's
+    at update :math:`u` (Kingma and Ba's :math:`t`; :math:`\mathbf{c}_u` is their :math:`v_t`). The
+    decay :math:`\lambda\theta` is *decoupled*: it never enters the moments. This is PyTorch's
     parametrisation, and equals ``torch.optim.AdamW``: the decay is multiplied by the learning rate
-    :math:`\eta_s`. Loshchilov and Hutter (Algorithm 2) write
-    :math:`\theta_s = \theta_{s-1} - \rho_s(\alpha\,\hat{\mathbf{m}}_s/(\sqrt{\hat{\mathbf{u}}_s}
-    + \epsilon) + \lambda'\theta_{s-1})` with a base rate :math:`\alpha` and a schedule multiplier
-    :math:`\rho_s`, so their decay follows the schedule but not :math:`\alpha`: the two agree when
-    :math:`\eta_s = \alpha\rho_s` and :math:`\lambda' = \alpha\lambda`.
+    :math:`\eta_u`. Loshchilov and Hutter (Algorithm 2) split the rate into a base rate and a schedule
+    multiplier, :math:`\eta_u = \eta_\text{base}\rho_u`, and write
+    :math:`\theta_u = \theta_{u-1} - \rho_u(\eta_\text{base}\,\hat{\mathbf{m}}_u/
+    (\sqrt{\hat{\mathbf{c}}_u} + \epsilon) + \lambda'\theta_{u-1})`, so their decay follows the
+    schedule but not :math:`\eta_\text{base}`: the two agree when :math:`\lambda' =
+    \eta_\text{base}\lambda`.
 
     Implements: eq-train-adam, eq-train-adamw
 
     Args:
         params, grads: matching lists of tensors (any shapes).
-        state: the moments ``{"m": [...], "u": [...]}``; pass ``{}`` at the first step.
-        lr: :math:`\eta_s`; betas: :math:`(\beta_1, \beta_2)`; eps: :math:`\epsilon`;
-        weight_decay: :math:`\lambda`; step: :math:`s`, counted from 1.
+        state: the moments ``{"m": [...], "c": [...]}``; pass ``{}`` at the first step.
+        lr: :math:`\eta_u`; betas: :math:`(\beta_1, \beta_2)`; eps: :math:`\epsilon`;
+        weight_decay: :math:`\lambda`; step: :math:`u`, counted from 1.
 
     Raises:
         ValueError: mismatched lists or shapes, or ``step < 1``.
     """
     _check_lists(params, grads, step)
-    ms, us = _moments(state, params)
-    for p, g, m, u in zip(params, grads, ms, us, strict=True):
-        direction = _adam_direction(g, m, u, betas, eps, step)
-        p.sub_(lr * (direction + weight_decay * p))  # decoupled: lambda * theta_{s-1}
+    ms, cs = _moments(state, params)
+    for p, g, m, c in zip(params, grads, ms, cs, strict=True):
+        direction = _adam_direction(g, m, c, betas, eps, step)
+        p.sub_(lr * (direction + weight_decay * p))  # decoupled: lambda * theta_{u-1}
 
 
 @torch.no_grad()
@@ -107,17 +109,17 @@ def adam_l2_step(
     step: int = 1,
 ) -> None:
     r"""One Adam update with an L2 penalty in the gradient:
-    :math:`\mathbf{g}_s \leftarrow \mathbf{g}_s + \lambda\theta_{s-1}`, then the Adam update of
+    :math:`\mathbf{g}_u \leftarrow \mathbf{g}_u + \lambda\theta_{u-1}`, then the Adam update of
     :func:`adamw_step` with :math:`\lambda = 0`. The penalty passes through the moments and is divided
-    by :math:`\sqrt{\hat{\mathbf{u}}_s}` like the rest of the gradient. Equals ``torch.optim.Adam`` with
+    by :math:`\sqrt{\hat{\mathbf{c}}_u}` like the rest of the gradient. Equals ``torch.optim.Adam`` with
     ``weight_decay``. Arguments and errors as :func:`adamw_step`.
 
     Implements: eq-train-adam, eq-train-l2
     """
     _check_lists(params, grads, step)
-    ms, us = _moments(state, params)
-    for p, g, m, u in zip(params, grads, ms, us, strict=True):
-        p.sub_(lr * _adam_direction(g + weight_decay * p, m, u, betas, eps, step))
+    ms, cs = _moments(state, params)
+    for p, g, m, c in zip(params, grads, ms, cs, strict=True):
+        p.sub_(lr * _adam_direction(g + weight_decay * p, m, c, betas, eps, step))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -16,16 +16,23 @@ SIGNIFICAND_BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24, tor
 def update_rounded_away(
     weights: Tensor, updates: Tensor, dtype: torch.dtype = torch.bfloat16
 ) -> Tensor:
-    r"""Whether adding each update :math:`\Delta` to its weight :math:`\vartheta`, both stored in
-    ``dtype``, leaves the weight unchanged:
+    r"""Whether adding each update :math:`\Delta` to its weight :math:`\omega` (stored in
+    ``dtype``), with the sum rounded to ``dtype``, leaves the weight unchanged:
 
-    .. math:: |\Delta| < 2^{\nu - p},\qquad \nu = \lfloor\log_2|\vartheta|\rfloor
+    .. math:: |\Delta| < 2^{\nu - p}\ \text{(}\Delta\text{ away from zero, or } |\omega| \ne
+              2^\nu\text{)},\qquad |\Delta| < 2^{\nu - p - 1}\ \text{(}\Delta\text{ towards zero
+              and } |\omega| = 2^\nu\text{)},\qquad \nu = \lfloor\log_2|\omega|\rfloor
 
-    with :math:`p` the format's bits of significand (8 for bfloat16, so the bound is
-    :math:`2^{\nu - 8}`, half the spacing :math:`2^{\nu - 7}` of bfloat16 numbers between
-    :math:`2^\nu` and :math:`2^{\nu+1}`). Exact for weights strictly inside their interval; at a power
-    of two the spacing below is half the spacing above, and at exactly half a spacing rounding to even
-    decides.
+    with :math:`p` the format's bits of significand (8 for bfloat16). The numbers of the format
+    between :math:`2^\nu` and :math:`2^{\nu+1}` are :math:`2^{\nu - p + 1}` apart, and a sum rounds
+    back to :math:`\omega` when it lies nearer to it than to its neighbour, so within half that
+    spacing. Below a power of two the spacing halves (the numbers below :math:`2^\nu` are those of the
+    interval under it): a weight of exactly 1 in bfloat16 keeps an update of :math:`+0.003`
+    (:math:`< 2^{-8}`) but not one of :math:`-0.003` (:math:`> 2^{-9}`), which takes it to
+    :math:`1 - 2^{-8} = 0.99609375`. At exactly half a spacing rounding to even decides: the weight
+    stays when the last bit of its significand is 0 (a power of two's is). Exact for normal numbers
+    (not for the subnormals below :math:`2^{-126}` in bfloat16), for a sum formed exactly and rounded
+    once.
 
     Implements: eq-train-bf16
 
@@ -36,5 +43,12 @@ def update_rounded_away(
         raise ValueError(f"dtype must be one of {list(SIGNIFICAND_BITS)}, got {dtype}")
     if (weights == 0).any():
         raise ValueError("a weight of 0 has no binary exponent; leave zero weights out")
-    nu = torch.floor(torch.log2(weights.abs().double()))  # the binary exponent of each weight
-    return updates.abs().double() < 2.0 ** (nu - SIGNIFICAND_BITS[dtype])
+    p = SIGNIFICAND_BITS[dtype]
+    w, d = weights.double(), updates.double()
+    nu = torch.floor(torch.log2(w.abs()))  # the binary exponent of each weight
+    ulp = 2.0 ** (nu - p + 1)  # spacing of the format's numbers in [2^nu, 2^(nu+1))
+    towards_zero = torch.sign(d) == -torch.sign(w)
+    at_power_of_two = w.abs() == 2.0**nu
+    half_gap = torch.where(towards_zero & at_power_of_two, ulp / 4, ulp / 2)
+    even = torch.remainder(w.abs() / ulp, 2) == 0  # the last bit of the significand is 0
+    return (d.abs() < half_gap) | ((d.abs() == half_gap) & even)

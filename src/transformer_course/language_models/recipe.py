@@ -1,0 +1,231 @@
+"""The recipe of chapter *Autoregressive language models*: a character-level GPT trained on
+tiny-shakespeare, with the CPU and GPU recipes that ``bench/lm.py`` measures.
+
+Two runs use them. :func:`train_scratch_gpt` trains the model the chapter shows, ``scratch/gpt.py``'s
+GPT, with that file's own loop (``scratch.gpt.train``): the chapter, its *Going deeper* page and lab 7
+make this one run, which ``make test`` trains once (:func:`..runtime.reusable_run`).
+:func:`train_char_lm` trains the package's :class:`.model.GPT` with the shared loop,
+:func:`..train.train` (time budgets, evaluation during training, checkpoints, data parallelism): the
+benchmarks and the chapters that compare models use it."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..data import get_batch, tinyshakespeare_text, train_val_split
+from ..runtime import eval_mode, reusable_run
+from ..scratch import gpt as scratch
+from ..tokens import CharTokenizer
+from ..train import History, Recipe, TrainConfig, train
+from .model import GPT, SHAKESPEARE_CPU, SHAKESPEARE_GPU, GPTConfig
+
+__all__ = [
+    "SHAKESPEARE_CHAPTER_RECIPE",
+    "SHAKESPEARE_CPU_RECIPE",
+    "SHAKESPEARE_GPU_RECIPE",
+    "LMRecipe",
+    "LMRun",
+    "ScratchRun",
+    "shakespeare_split",
+    "train_char_lm",
+    "train_scratch_gpt",
+    "validation_loss",
+]
+
+
+@dataclass(frozen=True)
+class LMRecipe(Recipe):
+    """How to train a character GPT on tiny-shakespeare (the first 90 % of the text; the validation
+    loss is the mean over ``eval_batches`` fixed windows of the last 10 %)."""
+
+    model: GPTConfig = SHAKESPEARE_CPU
+    eval_batches: int = 40
+
+
+SHAKESPEARE_CPU_RECIPE = LMRecipe(
+    model=SHAKESPEARE_CPU,
+    train=TrainConfig(
+        max_steps=1000, lr=8e-3, warmup_steps=100, weight_decay=0.1, eval_interval=250,
+        time_budget_s=120.0,
+    ),
+    batch_size=64,
+)  # fmt: skip
+"""The CPU target: validation loss <= 1.70 within 120 s of training on 2 cores (``bench/lm.py``).
+
+1,000 steps of 64 windows: about a minute on the 2-core Intel Xeon where it was tuned, so that a machine
+half as fast still finishes its schedule inside the budget."""
+SHAKESPEARE_GPU_RECIPE = LMRecipe(
+    model=SHAKESPEARE_GPU,
+    train=TrainConfig(
+        max_steps=3000, lr=2e-3, warmup_steps=100, weight_decay=0.1, eval_interval=500,
+        time_budget_s=60.0,
+    ),
+    batch_size=64,
+)  # fmt: skip
+"""The GPU target: validation loss <= 1.47 within 60 s of training on an H100 (nanoGPT's size)."""
+SHAKESPEARE_CHAPTER_RECIPE = LMRecipe(
+    model=SHAKESPEARE_CPU,
+    train=TrainConfig(max_steps=500, lr=8e-3, warmup_steps=100, weight_decay=0.1, eval_interval=500),
+    batch_size=32,
+)  # fmt: skip
+"""The run of the chapter and lab 7 (:func:`train_scratch_gpt`), which must fit in about a minute of
+one CPU thread: the CPU recipe's model and optimiser with 500 steps of 32 windows. For the same CPU time
+(about 72 s of one thread of an AMD EPYC under load, evaluation included) 500 steps of 32 windows
+reached a validation loss of 1.88 nats, 250 steps of 64 windows 1.98 and 1,000 steps of 16 windows 1.85:
+at this budget more, smaller steps pay, and 500 keeps the page's step count."""
+
+
+@dataclass
+class LMRun:
+    """A trained character GPT and what it was trained on."""
+
+    model: GPT
+    tokenizer: CharTokenizer
+    history: History
+    train_ids: Tensor
+    val_ids: Tensor
+
+    @property
+    def val_loss(self) -> float:
+        """The validation loss at the end of training."""
+        return self.history.evals["val_loss"][-1]
+
+
+def train_char_lm(
+    recipe: LMRecipe = SHAKESPEARE_CPU_RECIPE,
+    device: torch.device | str = "cpu",
+    steps: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    model_cls: type[GPT] | None = None,
+    *,
+    checkpoint_path: str | pathlib.Path | None = None,
+    checkpoint_every: int | None = None,
+    resume_from: str | pathlib.Path | None = None,
+) -> LMRun:
+    """Train a character GPT on tiny-shakespeare with ``recipe`` (``steps`` shortens it).
+
+    The one training run of chapter 7, its lab and ``bench/lm.py``: the tokenizer is built from the
+    whole text, the model is seeded with ``seed``, batches are random windows of the training part.
+    ``model_cls`` (default :class:`GPT`) swaps the model class only, e.g. the modern model of
+    chapter 13 (:func:`.extensions.train_modern_lm`); split, batches and loop stay the same.
+
+    ``checkpoint_path``, ``checkpoint_every`` and ``resume_from`` go to :func:`.train.train`: the run
+    is saved as it goes, and a run resumed from its checkpoint ends exactly as the uninterrupted run
+    would have (chapter *Training*). The checkpoint records the recipe, the seed and the model class;
+    resuming with another of them is refused.
+    """
+    model_cls = GPT if model_cls is None else model_cls
+    recipe = recipe.with_steps(steps)
+    torch.manual_seed(seed)
+    text = tinyshakespeare_text()
+    tok = CharTokenizer.from_text(text)
+    train_ids, val_ids = train_val_split(tok.encode_tensor(text))
+    model = model_cls(dataclasses.replace(recipe.model, vocab_size=tok.vocab_size)).to(device)
+    C, B = model.config.block_size, recipe.batch_size
+    held_out = torch.Generator().manual_seed(1234)
+    val_batches = [get_batch(val_ids, C, B, held_out, device) for _ in range(recipe.eval_batches)]
+
+    def loss_fn(m: GPT, batch: tuple[Tensor, Tensor]) -> Tensor:
+        return m(*batch)[1]
+
+    def evaluate(m: GPT) -> dict[str, float]:
+        return {"val_loss": sum(loss_fn(m, b).item() for b in val_batches) / len(val_batches)}
+
+    train_cfg = dataclasses.replace(recipe.train, seed=seed)
+    history = train(
+        model,
+        lambda g: get_batch(train_ids, C, B, g, device),
+        loss_fn,
+        train_cfg,
+        evaluate,
+        progress=progress,
+        checkpoint_path=checkpoint_path,
+        checkpoint_every=checkpoint_every,
+        resume_from=resume_from,
+        run_config={"recipe": dataclasses.asdict(recipe), "model_cls": model_cls.__qualname__},
+    )
+    return LMRun(model, tok, history, train_ids, val_ids)
+
+
+@dataclass
+class ScratchRun:
+    """A trained ``scratch/gpt.py`` GPT and what it was trained on: the loss of every training step,
+    the validation loss at the end and the seconds the steps took (on the machine that trained it)."""
+
+    model: nn.Module
+    tokenizer: CharTokenizer
+    losses: list[float]
+    val_loss: float
+    seconds: float
+    train_ids: Tensor
+    val_ids: Tensor
+
+
+def shakespeare_split() -> tuple[CharTokenizer, Tensor, Tensor]:
+    """The character tokenizer of the whole of tiny-shakespeare, and its first 90 % and last 10 %
+    encoded: ``(tokenizer, train_ids, val_ids)``."""
+    text = tinyshakespeare_text()
+    tok = CharTokenizer.from_text(text)
+    return (tok, *train_val_split(tok.encode_tensor(text)))
+
+
+def validation_loss(
+    model: nn.Module,
+    val_ids: Tensor,
+    recipe: LMRecipe,
+    device: torch.device | str = "cpu",
+    get_batch=get_batch,
+) -> float:
+    """The mean of ``model(x, y)[1]`` over ``recipe.eval_batches`` windows of validation text, the
+    same windows every time (drawn from a generator seeded with 1234, as :func:`train_char_lm`
+    evaluates), in evaluation mode without gradients. ``get_batch`` draws them (lab 7 passes the
+    learner's)."""
+    C, B = recipe.model.block_size, recipe.batch_size
+    held_out = torch.Generator().manual_seed(1234)
+    batches = [get_batch(val_ids, C, B, held_out) for _ in range(recipe.eval_batches)]
+    with eval_mode(model):
+        losses = [model(x.to(device), y.to(device))[1].item() for x, y in batches]
+    return sum(losses) / len(losses)
+
+
+@reusable_run  # the chapter, its Going deeper page and lab 7 make this run: `make test` trains it once
+def train_scratch_gpt(
+    recipe: LMRecipe = SHAKESPEARE_CHAPTER_RECIPE,
+    steps: int | None = None,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> ScratchRun:
+    """Train ``scratch/gpt.py``'s GPT on tiny-shakespeare with ``recipe`` for ``steps`` steps (the
+    recipe's ``max_steps`` when ``None``), with that file's loop, ``scratch.gpt.train`` (the
+    recipe's schedule stretched over ``steps``; its time budget does not apply: every step runs).
+
+    The model is built after ``torch.manual_seed(seed)`` with the tokenizer's vocabulary and the
+    recipe's sizes; batches are :func:`..data.get_batch`'s random windows of the training text, drawn
+    from a generator seeded with ``seed``; the validation loss is :func:`validation_loss`. Lab 7's
+    ``train_gpt`` returns this very run when every part of the learner's GPT is the reference
+    solution, and otherwise repeats it with the learner's classes (``tests/test_lab_capstone.py``
+    proves the two the same computation).
+    """
+    recipe = recipe.with_steps(steps)
+    tok, train_ids, val_ids = shakespeare_split()
+    config = dataclasses.replace(recipe.model, vocab_size=tok.vocab_size)
+    torch.manual_seed(seed)
+    model = scratch.GPT(config).to(device)
+    C, B = config.block_size, recipe.batch_size
+
+    def next_batch(generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        x, y = get_batch(train_ids, C, B, generator)
+        return x.to(device), y.to(device)
+
+    start = time.perf_counter()
+    losses = scratch.train(model, next_batch, recipe, recipe.train.max_steps, seed)
+    seconds = time.perf_counter() - start
+    val_loss = validation_loss(model, val_ids, recipe, device)
+    return ScratchRun(model, tok, losses, val_loss, seconds, train_ids, val_ids)
