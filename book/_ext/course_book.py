@@ -22,8 +22,10 @@
   adds every script and style sheet of ``_static/`` to each page.
 * **Accessibility.** A cell's figure gets as alt text the description that ``tc.plots`` wrote into the
   PNG (what the figure shows, read from its titles, axes and curves) instead of its file name
-  (``_alt_text_from_figures``); citation entries are list items (``_citation_list_roles``); colour and
-  reflow fixes to the theme are in ``_static/course-a11y.css``.
+  (``_alt_text_from_figures``); citation entries are list items (``_citation_list_roles``); the
+  sidebar's toggle beside a chapter with a child page (its *Going deeper*) is named, where the theme
+  gives it only an icon (``_named_sidebar_toggles``); colour and reflow fixes to the theme are in
+  ``_static/course-a11y.css``.
 * The theme logs "Got invalid theme mode" on a first visit when no default mode is configured; the
   extension sets ``html_context["default_mode"] = "auto"``.
 * The labs' Open-in-Colab badge is an image on colab.research.google.com (right in Colab and on
@@ -169,6 +171,32 @@ def _citation_list_roles(app: Sphinx, pagename: str, templatename, context, doct
     entries become list items."""
     if "body" in context and 'class="citation-list"' in context["body"]:
         context["body"] = context["body"].replace('role="doc-biblioentry"', 'role="listitem"')
+
+
+def name_sidebar_toggles(soup) -> None:
+    """Give each sidebar ``<summary>`` that holds only the theme's chevron an accessible name taken from
+    the link beside it ("Pages under Training"): axe-core requires a summary to have discernible text."""
+    for summary in soup.select("li.has-children > details > summary"):
+        if summary.get_text(strip=True) or summary.get("aria-label"):
+            continue
+        link = summary.find_parent("li").find("a", recursive=False)
+        title = link.get_text(" ", strip=True) if link else "this page"
+        summary["aria-label"] = f"Pages under {title}"
+
+
+def _named_sidebar_toggles(app: Sphinx, pagename: str, templatename, context, doctree) -> None:
+    generate = context.get("generate_toctree_html")
+    if generate is None or getattr(generate, "names_toggles", False):
+        return
+
+    def generate_named(kind: str, *args, **kwargs):
+        soup = generate(kind, *args, **kwargs)
+        if kind == "sidebar" and hasattr(soup, "select"):
+            name_sidebar_toggles(soup)
+        return soup
+
+    generate_named.names_toggles = True
+    context["generate_toctree_html"] = generate_named
 
 
 def _drop_thebe(app: Sphinx, pagename: str, templatename, context, doctree) -> None:
@@ -319,5 +347,6 @@ def setup(app: Sphinx) -> dict:
     app.connect("html-page-context", _retarget_launch_buttons, priority=900)
     app.connect("html-page-context", _drop_thebe, priority=900)
     app.connect("html-page-context", _citation_list_roles)
+    app.connect("html-page-context", _named_sidebar_toggles, priority=900)
     app.connect("build-finished", _relocate_404)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
