@@ -156,6 +156,18 @@ def execute_pages(path_output: pathlib.Path, jobs: int, timeout: int = 600) -> i
     return failed
 
 
+def corpus_missing() -> str | None:
+    """Why the pages cannot get tiny-shakespeare (``tc.data.tinyshakespeare_path``: the copy that
+    ``$TRANSFORMER_COURSE_DATA`` names, the cache, or a download), in one line; ``None`` when they can.
+    Asked once, before any page runs: offline, five pages would otherwise each fail with a traceback."""
+    code = "from transformer_course.data import tinyshakespeare_path; tinyshakespeare_path()"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    if result.returncode == 0:
+        return None
+    lines = result.stderr.strip().splitlines() or ["(no message)"]
+    return lines[-1].split(": ", 1)[-1]  # the exception's message, without its type
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -167,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     # A chapter and its Going deeper page make the same seeded training runs (tc.runtime.reusable_run):
     # each trains once per state of the package, kept under _build (make test sets its own store).
     os.environ.setdefault(RUN_STORE_ENV, str(path_output / "_build" / "run-store"))
+    missing = corpus_missing()
+    if missing:
+        print(f"the book cannot be built: {missing}", file=sys.stderr)
+        return 1
     if execute_pages(path_output, args.jobs):
         print("some pages failed: the build runs them again and names the failing cell")
     build = [

@@ -102,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     n = parser.parse_args(argv).jobs
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from build_book import corpus_missing
+
+    missing = corpus_missing()  # the book, the labs and many tests read tiny-shakespeare
+    if missing:
+        print(f"the tests cannot run: {missing}", file=sys.stderr)
+        return 1
     LOGS.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")

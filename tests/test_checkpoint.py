@@ -269,3 +269,66 @@ def test_train_char_lm_resumes_bit_for_bit(tmp_path, monkeypatch):
         lm.train_char_lm(R.with_train(lr=1e-3), seed=3, resume_from=path)
     with pytest.raises(ValueError, match=r"config.seed: 3 in the checkpoint, 4 here"):
         lm.train_char_lm(R, seed=4, resume_from=path)
+
+
+def _model_and_adamw(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).pow(2).mean().backward()
+    opt.step()
+    return model, opt
+
+
+@pytest.mark.parametrize("to_file", [False, True])
+def test_a_loop_of_your_own_saves_and_resumes_just_a_model_and_an_optimizer(tmp_path, to_file):
+    """No generator, history or config: a path or a BytesIO; the model and AdamW's moments come back."""
+    import io
+
+    from transformer_course.checkpoint import resume, save_checkpoint
+
+    model, opt = _model_and_adamw(0)
+    target = io.BytesIO() if to_file else tmp_path / "mine.pt"
+    save_checkpoint(target, model=model, optimizer=opt, step=7)
+    if to_file:
+        target.seek(0)
+    fresh, fresh_opt = _model_and_adamw(1)  # other weights and moments
+    step, history = resume(target, model=fresh, optimizer=fresh_opt)
+    assert (step, history) == (7, None)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True)
+    )
+    moments = (
+        [s["exp_avg"] for s in opt.state.values()],
+        [s["exp_avg"] for s in fresh_opt.state.values()],
+    )
+    assert all(torch.equal(a, b) for a, b in zip(*moments, strict=True))
+
+
+def test_resume_restores_the_global_generators_only_when_asked(tmp_path):
+    from transformer_course.checkpoint import resume, save_checkpoint
+
+    model, opt = _model_and_adamw()
+    torch.manual_seed(123)
+    save_checkpoint(tmp_path / "c.pt", model=model, optimizer=opt)
+    after_save = torch.rand(3)
+    torch.manual_seed(999)
+    resume(tmp_path / "c.pt", model=model, optimizer=opt, restore_rng=False)
+    assert not torch.equal(torch.rand(3), after_save)  # left alone: the 999 stream
+    resume(tmp_path / "c.pt", model=model, optimizer=opt)  # restored: the stream at the save
+    assert torch.equal(torch.rand(3), after_save)
+
+
+def test_asking_for_what_was_not_saved_and_a_wrong_file_are_clear_errors(tmp_path):
+    from transformer_course.checkpoint import load_checkpoint, resume, save_checkpoint
+
+    model, opt = _model_and_adamw()
+    save_checkpoint(tmp_path / "c.pt", model=model, rng=False)
+    with pytest.raises(ValueError, match="holds no optimizer and no generator and no rng state"):
+        resume(tmp_path / "c.pt", model=model, optimizer=opt, generator=torch.Generator())
+    assert resume(tmp_path / "c.pt", model=model, restore_rng=False) == (0, None)
+    with pytest.raises(TypeError, match="a path or a binary file object, got int"):
+        save_checkpoint(3, model=model)
+    with pytest.raises(TypeError, match="a path or a binary file object, got list"):
+        load_checkpoint([])

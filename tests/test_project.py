@@ -457,3 +457,22 @@ def test_the_equation_index_reads_explicit_markers_and_calls_not_mentions(tmp_pa
     assert found["eq-b"].implementers == ["transformer_course.mod.Layer"]  # not the oracle
     assert found["eq-a"].tests == ["tests/test_mod.py::test_calls_f"]
     assert found["eq-b"].tests == ["tests/test_mod.py::test_builds_layer"]
+
+
+def test_the_book_and_the_tests_stop_in_one_line_without_the_corpus(tmp_path: pathlib.Path):
+    """Offline with no copy of tiny-shakespeare, `make book` (scripts/build_book.py) and `make test`
+    (scripts/run_tests.py) stop before running any page or test, with the one line that says where to
+    put the file, and no traceback."""
+    env = {**os.environ, "TRANSFORMER_COURSE_DATA": str(tmp_path / "empty")}
+    for script, args in (
+        ("build_book.py", ["--path-output", str(tmp_path / "out")]),
+        ("run_tests.py", []),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / script), *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, (script, done.stdout, done.stderr)
+        assert "put the corpus there" in lines[0] and "Traceback" not in done.stdout + done.stderr
+    assert not (tmp_path / "out").exists()  # no page ran

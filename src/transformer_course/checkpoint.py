@@ -18,6 +18,9 @@ interrupted, bit for bit on the same machine, because the checkpoint holds every
 * the :class:`.train.History` so far, and the run's settings (the ``TrainConfig`` and, optionally, a
   recipe) with a format version, so that resuming under other settings is refused rather than mixed.
 
+Outside the course's loop, :func:`save_checkpoint` and :func:`resume` take just a model and an optimiser
+(and a step): every other part is optional, and a path or a binary file object will do.
+
 The file is written to a temporary file in the same folder, flushed to the disk, then renamed over the
 old one (``os.replace``, atomic on POSIX and Windows): a crash while saving leaves the last good
 checkpoint in place.
@@ -32,7 +35,7 @@ import pickle
 import random
 import tempfile
 import zipfile
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -117,61 +120,92 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         pass
 
 
+def _plain(x: Any) -> Any:
+    """A dataclass as a dict (what a checkpoint stores); plain data and ``None`` as they are."""
+    return dataclasses.asdict(x) if dataclasses.is_dataclass(x) and not isinstance(x, type) else x
+
+
 def save_checkpoint(
-    path: str | os.PathLike,
+    file: str | os.PathLike | BinaryIO,
     *,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    step: int,
-    generator: torch.Generator,
-    history: Any,
-    config: Any,
+    optimizer: torch.optim.Optimizer | None = None,
+    step: int = 0,
+    generator: torch.Generator | None = None,
+    history: Any = None,
+    config: Any = None,
     run: dict | None = None,
+    rng: bool = True,
 ) -> None:
-    """Save what the next update of a run depends on to ``path``, atomically (:func:`atomic_save`):
-    after ``step`` updates, the ``model``'s and ``optimizer``'s state (unwrap a DDP model first), the
-    batch ``generator``'s, every other generator's (:func:`rng_state`), the ``history`` so far, and
-    the run's ``config`` (a ``TrainConfig``) and ``run`` (plain data, e.g. the recipe), which
-    :func:`check_same_run` compares when resuming."""
-    atomic_save(
-        {
-            "format": FORMAT,
-            "version": VERSION,
-            "step": step,  # the position in the learning-rate schedule
-            "config": dataclasses.asdict(config),
-            "run": run or {},
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),  # AdamW's moments and step counts
-            "generator": generator.get_state(),  # the batches still to come
-            "rng": rng_state(),  # dropout masks, and anything else drawn at random
-            "history": dataclasses.asdict(history),
-        },
-        path,
-    )
+    """Save what the next update of a run depends on: the ``model``'s state (unwrap a DDP model
+    first) and, when given, the ``optimizer``'s (AdamW's moments), the number of updates done
+    (``step``, the position in a schedule), the batch ``generator``'s state, the ``history`` so far,
+    the run's ``config`` and ``run`` (a dataclass or plain data, which :func:`check_same_run` compares
+    when resuming); with ``rng=True`` also the state of the process's global generators
+    (:func:`rng_state`: PyTorch's on the CPU and on every CUDA device, Python's ``random``, NumPy's).
+
+    ``file`` is a path, written atomically (:func:`atomic_save`: a crash while saving leaves the old
+    file), or a binary file object open for writing (written as it is, e.g. an ``io.BytesIO``). The
+    course's loop, :func:`.train.train`, passes everything; a loop of your own may pass only a model
+    and an optimizer.
+    """
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": int(step),
+        "config": _plain(config),
+        "run": run or {},
+        "model": model.state_dict(),
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "generator": None if generator is None else generator.get_state(),
+        "rng": rng_state() if rng else None,
+        "history": _plain(history),
+    }
+    if isinstance(file, str | os.PathLike):
+        atomic_save(payload, file)
+    elif hasattr(file, "write"):
+        torch.save(payload, file)
+    else:
+        raise TypeError(
+            f"save_checkpoint writes to a path or a binary file object, got {type(file).__name__}"
+        )
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint`, with PyTorch's safe loader
-    (``weights_only=True``: tensors and plain data, no arbitrary code).
+def load_checkpoint(
+    file: str | os.PathLike | BinaryIO, map_location: str | torch.device = "cpu"
+) -> dict:
+    """Read a checkpoint written by :func:`save_checkpoint` from a path or a binary file object open
+    for reading, with PyTorch's safe loader (``weights_only=True``: tensors and plain data, no
+    arbitrary code). Returns its dict: ``model``, ``optimizer``, ``step``, ``generator``, ``rng``,
+    ``history``, ``config``, ``run`` (``None`` for what was not saved).
 
     Raises:
         FileNotFoundError: there is no file at ``path``.
         ValueError: the file is not a checkpoint of this package (not a PyTorch file, a truncated
             one, or a model saved with ``GPT.save``), or its format version is not this package's.
+        TypeError: ``file`` is neither a path nor a readable file object.
     """
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no checkpoint at {path}; pass the checkpoint_path a run saved to, or start without "
-            "resume_from"
+    if isinstance(file, str | os.PathLike):
+        path = pathlib.Path(file)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"no checkpoint at {path}; pass the checkpoint_path a run saved to, or start without "
+                "resume_from"
+            )
+        source: Any = path
+    elif hasattr(file, "read"):
+        path, source = getattr(file, "name", "the file object"), file
+    else:
+        raise TypeError(
+            f"load_checkpoint reads a path or a binary file object, got {type(file).__name__}"
         )
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(source, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError) as err:
         raise ValueError(
             f"{path} is not a readable checkpoint ({type(err).__name__}: {str(err)[:120]}); it may "
             "be truncated or another kind of file. Pass a file written by train(..., "
-            "checkpoint_path=...), or start without resume_from"
+            "checkpoint_path=...) or save_checkpoint, or start without resume_from"
         ) from err
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         keys = sorted(ckpt)[:6] if isinstance(ckpt, dict) else type(ckpt).__name__
@@ -213,7 +247,7 @@ def check_same_run(ckpt: dict, config: Any, run: dict | None = None) -> None:
     Raises:
         ValueError: naming every setting that differs, with both values.
     """
-    diffs = _differences(ckpt["config"], dataclasses.asdict(config), "config")
+    diffs = _differences(ckpt["config"], _plain(config), "config")
     diffs += _differences(ckpt["run"], run or {}, "run")
     if diffs:
         raise ValueError(
@@ -250,25 +284,46 @@ def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 def resume(
-    path: str | os.PathLike,
+    file: str | os.PathLike | BinaryIO,
     *,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    generator: torch.Generator,
-    config: Any,
+    optimizer: torch.optim.Optimizer | None = None,
+    generator: torch.Generator | None = None,
+    config: Any = None,
     run: dict | None = None,
-) -> tuple[int, dict]:
-    """Restore a run from the checkpoint at ``path`` into ``model``, ``optimizer``, ``generator`` and
-    every random number generator; return ``(step, history)``: the loop's next step and the history
-    so far as a dict.
+    restore_rng: bool = True,
+) -> tuple[int, dict | None]:
+    """Restore a run from the checkpoint in ``file`` (a path or a binary file object) into ``model``
+    and, when given, ``optimizer`` and the batch ``generator``; return ``(step, history)``: the
+    loop's next step and the history so far as a dict (``None`` if none was saved).
+
+    With ``config`` (and ``run``) the checkpoint's settings must be the same (:func:`check_same_run`).
+    With ``restore_rng=True`` (the default, which makes a resumed run equal the uninterrupted one) the
+    process's **global** generators are set to their saved state: PyTorch's on the CPU and on every
+    CUDA device, Python's ``random`` and NumPy's. Pass ``restore_rng=False`` to leave them alone, in a
+    program whose other parts draw from them too.
 
     Raises:
-        ValueError: see :func:`load_checkpoint`, :func:`check_same_run` and :func:`load_model_state`.
+        ValueError: see :func:`load_checkpoint`, :func:`check_same_run` and :func:`load_model_state`;
+            also when an ``optimizer``, a ``generator`` or ``restore_rng`` asks for a state that the
+            checkpoint does not hold.
     """
-    ckpt = load_checkpoint(path)
-    check_same_run(ckpt, config, run)
+    ckpt = load_checkpoint(file)
+    if config is not None or run is not None:
+        check_same_run(ckpt, config, run)
+    wanted = {"optimizer": optimizer is not None, "generator": generator is not None,
+              "rng": restore_rng}  # fmt: skip
+    absent = [k for k, asked in wanted.items() if asked and ckpt.get(k) is None]
+    if absent:
+        raise ValueError(
+            f"the checkpoint holds no {' and no '.join(absent)} state: it was saved without it; "
+            "pass None for it (restore_rng=False for the generators' states)"
+        )
     load_model_state(model, ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])  # moves the moments to the parameters' device
-    generator.set_state(ckpt["generator"])
-    set_rng_state(ckpt["rng"])
+    if optimizer is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])  # moves the moments to the parameters' device
+    if generator is not None:
+        generator.set_state(ckpt["generator"])
+    if restore_rng:
+        set_rng_state(ckpt["rng"])
     return int(ckpt["step"]), ckpt["history"]

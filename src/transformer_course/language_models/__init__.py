@@ -6,7 +6,8 @@ Chapter: *Autoregressive language models* (Turner 2023 sec. 4.1; MIT 6.390 sec. 
 
 * :mod:`.model`: :class:`GPTConfig`, its presets (:data:`TINY`, :data:`SHAKESPEARE_CPU`,
   :data:`SHAKESPEARE_GPU`), nanoGPT's GPT-2-style initialisation :func:`gpt2_init`, the model
-  :class:`GPT`, and the one map between its parameters and ``scratch/gpt.py``'s (:func:`scratch_names`,
+  :class:`GPT` (``GPT.from_huggingface`` loads GPT-2's weights, through :func:`gpt2_state_dict`), and
+  the one map between its parameters and ``scratch/gpt.py``'s (:func:`scratch_names`,
   :func:`scratch_state_dict`, :func:`gpt_from_scratch`);
 * :mod:`.generation`: the next token's distribution and choice, :func:`window_start` (the context
   policy: the window jumps, so that a cache is rebuilt once per jump) and :func:`generate`, with and
@@ -57,6 +58,7 @@ from .model import (
     TINY,
     GPTConfig,
     gpt2_init,
+    gpt2_state_dict,
     gpt_from_scratch,
     scratch_names,
     scratch_state_dict,
@@ -96,6 +98,7 @@ __all__ = [
     "generate_text",
     "generate_with_logits",
     "gpt2_init",
+    "gpt2_state_dict",
     "gpt_from_scratch",
     "next_token",
     "next_token_probs",

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..block import PreNormBlock, TransformerStack
+from ..block import ACTIVATIONS, PreNormBlock, TransformerStack
 from ..checkpoint import atomic_save
 from ..kv_cache import KVCache
 from ..position import LearnedPositionalEmbedding
@@ -34,6 +34,7 @@ __all__ = [
     "TINY",
     "GPTConfig",
     "gpt2_init",
+    "gpt2_state_dict",
     "gpt_from_scratch",
     "scratch_names",
     "scratch_state_dict",
@@ -53,7 +54,9 @@ def gpt2_init(module: nn.Module) -> None:
 @dataclass(frozen=True)
 class GPTConfig:
     """Sizes of a GPT. ``vocab_size`` is ``|V|``, ``block_size`` the context length
-    ``C``, ``n_layers`` the number of blocks ``L``, ``d_model`` the width ``D``, ``H`` the heads."""
+    ``C``, ``n_layers`` the number of blocks ``L``, ``d_model`` the width ``D``, ``H`` the heads;
+    ``activation`` names the MLP's (a key of :data:`..block.ACTIVATIONS`: the course trains with
+    ``"gelu"``, GPT-2 was trained with ``"gelu_tanh"``) and ``eps`` is every LayerNorm's epsilon."""
 
     vocab_size: int = 65
     block_size: int = 256
@@ -62,12 +65,18 @@ class GPTConfig:
     d_model: int = 384
     dropout: float = 0.2
     tie_weights: bool = True
+    activation: str = "gelu"
+    eps: float = 1e-5
 
     def __post_init__(self) -> None:
         if self.d_model % self.H:
             raise ValueError(f"d_model={self.d_model} must be divisible by H={self.H}")
         if min(self.vocab_size, self.block_size, self.n_layers, self.H) < 1:
             raise ValueError(f"every size must be positive: {self}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"unknown activation {self.activation!r}; choose one of {sorted(ACTIVATIONS)}"
+            )
 
 
 TINY = GPTConfig(vocab_size=65, block_size=32, n_layers=2, H=2, d_model=32, dropout=0.0)
@@ -120,8 +129,8 @@ class GPT(nn.Module):
         self.pos_emb = LearnedPositionalEmbedding(c.block_size, c.d_model)  # R, (C, D)
         self.drop = nn.Dropout(c.dropout)
         self.stack = TransformerStack(  # L causal pre-norm blocks, then a final LayerNorm
-            PreNormBlock, c.n_layers, c.d_model, c.H, activation="gelu", dropout=c.dropout,
-            causal=True,
+            PreNormBlock, c.n_layers, c.d_model, c.H, activation=c.activation, dropout=c.dropout,
+            eps=c.eps, causal=True,
         )  # fmt: skip
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:
@@ -165,6 +174,63 @@ class GPT(nn.Module):
         )
 
     @classmethod
+    def from_huggingface(cls, model) -> GPT:
+        """The course's GPT holding the weights of a Hugging Face GPT-2, a
+        ``transformers.GPT2LMHeadModel`` or its name on the Hub (``"gpt2"``, ``"gpt2-medium"``, ...;
+        ``transformers`` downloads it when online), on its device and in its dtype, in evaluation mode.
+
+        GPT-2 is this model: learned positions, pre-norm blocks, a final LayerNorm and a head tied to
+        the token table. What differs is how the weights are stored and two settings: its ``Conv1D``
+        layers keep their weight as (in, out), the transpose of ``nn.Linear``'s; its MLP uses GELU in
+        the tanh approximation (``activation="gelu_tanh"``); its LayerNorms use
+        ``config.layer_norm_epsilon`` (1e-5); its context is ``n_positions`` (1,024). The config is
+        read from the model, so any size of GPT-2 loads; ``tests/test_gpt2.py`` proves the logits and
+        the greedy continuation equal to the Hugging Face model's.
+
+        Raises:
+            ImportError: a name was given and ``transformers`` is not installed.
+            ValueError: ``model`` is not a GPT-2, has settings this model cannot reproduce, or a
+                tensor whose shape does not fit its config (named in the message).
+        """
+        if isinstance(model, str):
+            try:
+                from transformers import GPT2LMHeadModel
+            except ImportError as error:
+                raise ImportError(
+                    "loading GPT-2 by name needs Hugging Face's transformers: pip install transformers"
+                ) from error
+            model = GPT2LMHeadModel.from_pretrained(model)
+        hf = getattr(model, "config", None)
+        if getattr(hf, "model_type", None) != "gpt2":
+            raise ValueError(
+                f"expected a transformers GPT2LMHeadModel, got {type(model).__name__} "
+                f"(model_type {getattr(hf, 'model_type', None)!r})"
+            )
+        activation = _GPT2_ACTIVATIONS.get(hf.activation_function)
+        unsupported = {
+            "activation_function": activation is None,
+            "n_inner": hf.n_inner not in (None, 4 * hf.n_embd),
+            "scale_attn_weights": not hf.scale_attn_weights,
+            "scale_attn_by_inverse_layer_idx": hf.scale_attn_by_inverse_layer_idx,
+        }
+        if any(unsupported.values()):
+            setting = next(k for k, bad in unsupported.items() if bad)
+            raise ValueError(
+                f"GPT-2's {setting}={getattr(hf, setting)!r} has no counterpart in the course's GPT"
+            )
+        config = GPTConfig(
+            vocab_size=hf.vocab_size, block_size=hf.n_positions, n_layers=hf.n_layer, H=hf.n_head,
+            d_model=hf.n_embd, dropout=0.0, tie_weights=True, activation=activation,
+            eps=hf.layer_norm_epsilon,
+        )  # fmt: skip
+        with torch.random.fork_rng(devices=[]):
+            ours = cls(config)
+        ref = next(model.parameters())
+        ours = ours.to(device=ref.device, dtype=ref.dtype)
+        ours.load_state_dict(gpt2_state_dict(model.state_dict(), config))
+        return ours.eval()
+
+    @classmethod
     def load(
         cls, path: str | pathlib.Path, map_location: str | torch.device = "cpu"
     ) -> tuple[GPT, dict]:
@@ -173,6 +239,58 @@ class GPT(nn.Module):
         model = cls(cls.config_class(**ckpt.pop("config")))
         model.load_state_dict(ckpt.pop("state_dict"))
         return model, ckpt
+
+
+# --------------------------------------------------------------------------------------------------
+# GPT-2's weights (Hugging Face's GPT2LMHeadModel) in the package's GPT
+
+_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+
+
+def _gpt2_names(config: GPTConfig) -> list[tuple[str, str, bool]]:
+    """(the package's name, GPT-2's name, transposed) for every parameter of a GPT of ``config``."""
+    names = [("tok_emb.weight", "transformer.wte.weight", False),
+             ("pos_emb.table.weight", "transformer.wpe.weight", False)]  # fmt: skip
+    for i in range(config.n_layers):
+        ours, theirs = f"stack.blocks.{i}.", f"transformer.h.{i}."
+        for a, b, transposed in (
+            ("norm1", "ln_1", False), ("attn.in_proj", "attn.c_attn", True),
+            ("attn.out_proj", "attn.c_proj", True), ("norm2", "ln_2", False),
+            ("mlp.fc1", "mlp.c_fc", True), ("mlp.fc2", "mlp.c_proj", True),
+        ):  # fmt: skip
+            names.append((f"{ours}{a}.weight", f"{theirs}{b}.weight", transposed))
+            names.append((f"{ours}{a}.bias", f"{theirs}{b}.bias", False))
+    names += [("stack.final_norm.weight", "transformer.ln_f.weight", False),
+              ("stack.final_norm.bias", "transformer.ln_f.bias", False)]  # fmt: skip
+    return names
+
+
+def gpt2_state_dict(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
+    """A GPT-2 state dict (Hugging Face's names, ``Conv1D`` weights stored (in, out)) under the names
+    of the package's :class:`GPT` of ``config``, each ``Conv1D`` weight transposed to ``nn.Linear``'s
+    (out, in); the tied head is the token table (``lm_head.weight``). The query, key and value maps
+    stay fused: GPT-2's ``c_attn`` stacks them in the order of ``in_proj``'s rows.
+
+    Raises:
+        ValueError: a tensor is missing, or its shape does not fit ``config``; the message names the
+            first such tensor, GPT-2's name and the package's.
+    """
+    expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+    out = {}
+    for ours, theirs, transposed in _gpt2_names(config):
+        if theirs not in state:
+            raise ValueError(f"the GPT-2 state dict has no {theirs!r} (for the course's {ours!r})")
+        t = state[theirs].t() if transposed else state[theirs]
+        if tuple(t.shape) != expected[ours]:
+            stored = tuple(state[theirs].shape)
+            want = expected[ours][::-1] if transposed else expected[ours]
+            raise ValueError(
+                f"GPT-2's {theirs} has shape {stored}, but a GPT of {config} needs {want} there "
+                f"(the course's {ours}, {expected[ours]}" + (", transposed)" if transposed else ")")
+            )
+        out[ours] = t
+    out["lm_head.weight"] = out["tok_emb.weight"]
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -231,8 +349,10 @@ def gpt_from_scratch(model: nn.Module) -> GPT:
     Raises:
         ValueError: ``model`` lacks a parameter the package GPT needs, or one has another shape.
     """
-    with torch.random.fork_rng(devices=[]):
-        gpt = GPT(model.config)
+    with torch.random.fork_rng(
+        devices=[]
+    ):  # scratch/gpt.py computes exact GELU, LayerNorm eps 1e-5
+        gpt = GPT(dataclasses.replace(model.config, activation="gelu", eps=1e-5))
     own = model.state_dict()
     state = {}
     for name, t in gpt.state_dict().items():

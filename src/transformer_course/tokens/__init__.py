@@ -15,8 +15,9 @@ tokens. This subpackage turns data into tokens, one file per part:
   :func:`pair_counts` and :func:`merge_pair` are one training step by hand.
 * ``bpe_train.py``: learning the merges, by recounting (:func:`train_merges_reference`) and by
   updating only the counts a merge changes (:func:`train_merges`), tested equal.
-* ``gpt2.py``: GPT-2's published ranks (:func:`read_tiktoken`) and the sample that ships with the
-  package, with tiktoken's ids for it (:func:`gpt2_sample`).
+* ``gpt2.py``: GPT-2's published ranks (:func:`read_tiktoken`), the sample that ships with the
+  package, with tiktoken's ids for it (:func:`gpt2_sample`), and GPT-2's whole tokenizer from the full
+  table, downloaded or from a file (:func:`gpt2_tokenizer`).
 * ``embedding.py``: :func:`embedding` and :func:`embedding_reference`, token ids to vectors, a row
   lookup in an embedding matrix ``E`` (``|V| x D``, ``|V|`` the vocabulary size), equal to one-hot
   vectors times ``E`` (``eq-tok-onehot``).
@@ -33,12 +34,13 @@ from .bpe import BPETokenizer, merge_pair, pair_counts
 from .bpe_train import train_merges, train_merges_reference
 from .chars import CharTokenizer
 from .embedding import embedding, embedding_reference
-from .gpt2 import ENDOFTEXT, GPT2Sample, gpt2_sample, read_tiktoken
+from .gpt2 import ENDOFTEXT, GPT2_RANKS_URL, GPT2Sample, gpt2_sample, gpt2_tokenizer, read_tiktoken
 from .patches import PatchEmbedding, patchify, patchify_1d, unpatchify
 from .pretokenize import GPT2_REGEX, PATTERNS, gpt2_pattern, pretokenize, split_special
 
 __all__ = [
     "ENDOFTEXT",
+    "GPT2_RANKS_URL",
     "GPT2_REGEX",
     "PATTERNS",
     "BPETokenizer",
@@ -49,6 +51,7 @@ __all__ = [
     "embedding_reference",
     "gpt2_pattern",
     "gpt2_sample",
+    "gpt2_tokenizer",
     "merge_pair",
     "pair_counts",
     "patchify",
