@@ -369,6 +369,8 @@ def test_a_lab_setup_cell_installs_the_package_and_keeps_the_runtime_torch(tmp_p
     import sync_labs
 
     venv = tmp_path / "colab"
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a PYTHONPATH at src/ would
+    # make the course importable before the setup cell installs it
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     site = pathlib.Path(
@@ -376,6 +378,7 @@ def test_a_lab_setup_cell_installs_the_package_and_keeps_the_runtime_torch(tmp_p
             [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             capture_output=True,
             text=True,
+            env=clean,
             check=True,
         ).stdout.strip()
     )
@@ -390,20 +393,24 @@ def test_a_lab_setup_cell_installs_the_package_and_keeps_the_runtime_torch(tmp_p
         "import importlib.util, torch; "
         "print(importlib.util.find_spec('transformer_course'), torch.__version__)"
     )
-    before = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True)
+    before = subprocess.run(
+        [python, "-c", probe], capture_output=True, text=True, env=clean, check=True
+    )
     assert before.stdout.split() == ["None", torch.__version__]
 
     setup = sync_labs.setup_source().replace(project.install_spec(), str(ROOT))
     assert str(ROOT) in setup and "git+" not in setup
     t0 = time.perf_counter()
-    done = subprocess.run([python, "-c", setup], capture_output=True, text=True)
+    done = subprocess.run([python, "-c", setup], capture_output=True, text=True, env=clean)
     seconds = time.perf_counter() - t0
     assert done.returncode == 0, done.stderr[-2000:]
     check = (
         "import torch, transformer_course as tc; "
         "print(torch.__version__, torch.__file__, tc.__file__, tc.language_models.GPT.__name__)"
     )
-    after = subprocess.run([python, "-c", check], capture_output=True, text=True, check=True)
+    after = subprocess.run(
+        [python, "-c", check], capture_output=True, text=True, env=clean, check=True
+    )
     version, torch_file, tc_file, name = after.stdout.split()
     assert version == torch.__version__ and torch_file.startswith(str(runtime)), after.stdout
     assert tc_file.startswith(str(site)) and name == "GPT", (
