@@ -60,6 +60,11 @@ from ..scratch import seq2seq as scratch
 from ..scratch.seq2seq import DecoderBlock, greedy_decode
 from ..train import TrainConfig, lr_at, make_optimizer
 from . import _REGISTRY, ClassExercise, Exercise, Mistake, exercise, randn, where_raised
+from .language_models.checking import (  # lab 7's, shared by lab 8's checkers
+    _outcome,
+    _same,
+    _Verdict,
+)
 
 __all__ = [
     "DecoderBlock",
@@ -502,33 +507,8 @@ def package_decoder_block(D: int, H: int, seed: int = 0) -> PackageDecoderBlock:
     return _order_one(block, torch.Generator().manual_seed(seed))
 
 
-class _Verdict(Exception):
-    """What is wrong with an answer, found while running it (names, shapes, the returned type)."""
-
-
 def _no_random_inputs(gen: torch.Generator, trial: int) -> tuple:
     raise TypeError("the model parts' checkers run fixed cases, not random inputs")
-
-
-def _outcome(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, or the exception it raised (``NotImplementedError`` and verdicts pass through)."""
-    try:
-        return fn(*args)
-    except (NotImplementedError, _Verdict):
-        raise
-    except Exception as err:  # the learner's bug (or a mistake's): compared, reported, never raised
-        return err
-
-
-def _same(a: Any, b: Any, atol: float, rtol: float) -> bool:
-    """The same error, or the same tensors (NaN where the other has NaN)."""
-    if isinstance(a, BaseException) or isinstance(b, BaseException):
-        return type(a) is type(b) and str(a) == str(b)
-    return a.keys() == b.keys() and all(
-        a[k].shape == b[k].shape
-        and torch.allclose(a[k].double(), b[k].double(), atol=atol, rtol=rtol, equal_nan=True)
-        for k in a
-    )
 
 
 def _difference(got: dict, expected: dict, atol: float) -> str:
