@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: book test venv lint format sync labs check-python bench bench-long ablate browser clean lock
+.PHONY: book test venv lab lint format sync labs check-python bench bench-long ablate browser clean lock
 
 check-python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: '$(PYTHON)' was not found. Install Python 3.10 or newer, or run: make PYTHON=/path/to/python3.x"; exit 1; }
@@ -47,6 +47,9 @@ venv: $(STAMP)  ## create .venv with everything the book and the tests need
 book: $(STAMP)  ## build the website into _build/html (strict: warnings are errors; pages run side by side)
 	$(BIN)/python scripts/build_book.py
 	@echo "The website is at: $(abspath _build/html/index.html)"
+
+lab: $(STAMP)  ## JupyterLab on the labs and the chapter pages (they open as notebooks), in the venv
+	$(BIN)/python scripts/lab.py
 
 browser:  ## Debian's chromium for the site tests: installed only when missing and running as root
 	@if [ -x "$${CHROMIUM:-/usr/bin/chromium}" ]; then :; \

@@ -168,7 +168,7 @@ def main() -> int:
         course_part = BPETokenizer.from_ranks(subset, specials, pattern=pattern).encode(SAMPLE)
         require(course_full == course_part, f"{name}: subset != full table")
         print(f"  {name}: subset = full table ({len(course_full)} ids)")
-    course = BPETokenizer.from_ranks(ranks, SPECIAL).encode(SAMPLE)
+    course = BPETokenizer.from_ranks(ranks, SPECIAL, pattern="gpt2").encode(SAMPLE)
     require(course == ids, "the course's GPT-2 encoding differs from tiktoken's")
     require(full.decode(ids) == SAMPLE, "tiktoken's decode does not give the sample back")
     print("the course's BPETokenizer.from_ranks(gpt2 ranks) = tiktoken's ids; decode round-trips")
@@ -177,7 +177,7 @@ def main() -> int:
     except FileNotFoundError:
         print("(no local tiny-shakespeare: the whole-corpus comparison is skipped)")
     else:
-        gpt2 = BPETokenizer.from_ranks(ranks, SPECIAL)
+        gpt2 = BPETokenizer.from_ranks(ranks, SPECIAL, pattern="gpt2")
         require(gpt2.encode(corpus) == full.encode(corpus), "tiny-shakespeare: course != tiktoken")
         print(f"tiny-shakespeare ({len(corpus):,} characters): the course's ids = tiktoken's")
 

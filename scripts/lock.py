@@ -4,9 +4,9 @@
 
 The Makefile installs with ``-c constraints.txt`` when its Python is the one recorded in the file's
 header, so a fresh machine next year builds with the same versions. torch is left out (the Makefile's
-``TORCH`` variable chooses the build, and the package never pins it), as are the package itself and the
-CUDA libraries of a GPU build. The scheduled workflow ``.github/workflows/newest.yml`` tries the newest
-versions instead and reports what changed.
+``TORCH`` variable chooses the build, and the package never pins it), as are uv (the installer that
+the Makefile brings), the package itself and the CUDA libraries of a GPU build. The scheduled
+workflow ``.github/workflows/newest.yml`` tries the newest versions instead and reports what changed.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SKIP = re.compile(r"^(torch|triton|nvidia-|cuda-|transformer-course)", re.I)
+SKIP = re.compile(r"^(torch|triton|nvidia-|cuda-|transformer-course|uv==)", re.I)
 
 
 def main() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +14,18 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # the jupyter-book of the interpreter running the tests (the .venv one under `make test`)
 JUPYTER_BOOK = str(pathlib.Path(sys.executable).parent / "jupyter-book")
+# Debian's chromium, driven by Playwright (the site tests and the JupyterLab test); never downloaded
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    # every request but those to the loopback interface (which Chromium never sends to a proxy) goes
+    # to a proxy that does not exist, and fails inside Chromium (``_watch`` records it), a numeric
+    # address as well as a name; no request is routed through Playwright and Python one by one
+    "--proxy-server=http://127.0.0.1:9",
+]
 
 
 @pytest.fixture
@@ -53,3 +66,18 @@ def built_book(_book_build: tuple[pathlib.Path, str]) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def built_book_log(_book_build: tuple[pathlib.Path, str]) -> str:
     return _book_build[1]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (pathlib.Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        message = f"no chromium at {CHROMIUM}: `apt-get install chromium` (or set $CHROMIUM)"
+        if os.environ.get("COURSE_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield b
+        b.close()

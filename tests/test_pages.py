@@ -18,7 +18,15 @@ import ast
 import re
 
 import pytest
-from pages import CHAPTERS, DEEPER, NOT_SPLIT, ROOT, code_cells, core_path_estimate
+from pages import (
+    _ANY_FENCE,
+    CHAPTERS,
+    DEEPER,
+    NOT_SPLIT,
+    ROOT,
+    code_cells,
+    core_path_estimate,
+)
 
 BUDGET_MINUTES = 25
 PAGE_MINUTES = 30
@@ -66,6 +74,11 @@ _HEADING = re.compile(r"^#{1,3} ", re.M)
 _MATH_BLOCK = re.compile(r"^(`{3,})\{math\}", re.M)
 
 
+def _in_code(text: str, at: int) -> bool:
+    """Whether offset ``at`` lies inside a fenced block (```` ``` ```` / ``:::``) of the page."""
+    return any(m.start() < at < m.end() for m in _ANY_FENCE.finditer(text))
+
+
 @pytest.mark.parametrize("chapter", _params())
 def test_every_displayed_equation_is_followed_by_a_check_in_its_section(chapter):
     text = _text(chapter)
@@ -73,8 +86,9 @@ def test_every_displayed_equation_is_followed_by_a_check_in_its_section(chapter)
     missing = []
     for m in _MATH_BLOCK.finditer(text):
         start = m.start()
-        after = _HEADING.search(text, start)
-        end = after.start() if after else len(text)
+        # the section ends at the next heading of the page, not at a comment inside a code cell
+        ends = [h.start() for h in _HEADING.finditer(text, start) if not _in_code(text, h.start())]
+        end = ends[0] if ends else len(text)
         line = text.count("\n", 0, start) + 1
         end_line = text.count("\n", 0, end) + 1
         if not any(line < c.line < end_line and "verify(" in c.source for c in cells):

@@ -1,8 +1,8 @@
 """The built site in a real headless browser, with the network cut off: it must read offline.
 
-Uses Debian's chromium (``/usr/bin/chromium``, or ``$CHROMIUM``) driven by Playwright; no browser is
-downloaded. Without chromium these tests are skipped, unless ``COURSE_REQUIRE_BROWSER=1`` (set by CI),
-in which case they fail.
+Uses Debian's chromium (``/usr/bin/chromium``, or ``$CHROMIUM``) driven by Playwright (``conftest.py``'s
+``browser`` fixture); no browser is downloaded. Without chromium these tests are skipped, unless
+``COURSE_REQUIRE_BROWSER=1`` (set by CI), in which case they fail.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import functools
 import http.server
 import os
 import pathlib
-import shutil
 import threading
 from collections.abc import Iterator
 
@@ -35,17 +34,6 @@ SLOW_FIRST = [
 SCREENSHOTS = pathlib.Path(os.environ.get("COURSE_SCREENSHOTS", ROOT / "_build" / "screenshots"))
 
 pytestmark = pytest.mark.site
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    # every request but those to the loopback interface (which Chromium never sends to a proxy) goes
-    # to a proxy that does not exist, and fails inside Chromium (``_watch`` records it), a numeric
-    # address as well as a name; no request is routed through Playwright and Python one by one
-    "--proxy-server=http://127.0.0.1:9",
-]
 
 
 @pytest.fixture(scope="module")
@@ -64,24 +52,9 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def browser():
-    if not (pathlib.Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
-        message = f"no chromium at {CHROMIUM}: `apt-get install chromium` (or set $CHROMIUM)"
-        if os.environ.get("COURSE_REQUIRE_BROWSER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        yield b
-        b.close()
-
-
 def _watch(page, site: str):
     """``page``, recording its JavaScript errors, console errors and warnings and failed requests to
-    the local site in ``page.errors``, and its requests to other sites (which fail: ``ARGS``) in
+    the local site in ``page.errors``, and its requests to other sites (which fail: ``conftest.ARGS``) in
     ``page.blocked``."""
     page.blocked, page.errors = [], []
     page.on("pageerror", lambda err: page.errors.append(f"page error: {err}"))

@@ -106,9 +106,11 @@ class LabDirective(SphinxDirective):
         para += ref
         para += nodes.Text(" (each exercise has a checker that explains what is wrong): ")
         para += nodes.reference("", "open it in Colab", refuri=project.colab_url(path))
-        para += nodes.Text(", or run it locally after ")
-        para += nodes.literal(text="make venv")
-        para += nodes.Text(".")
+        para += nodes.Text(", or on your machine: ")
+        para += nodes.literal(text="make lab")
+        para += nodes.Text(
+            " starts JupyterLab on the labs (this page opens there as a notebook too)."
+        )
         box += para
         return [box]
 

@@ -17,6 +17,7 @@ the text before anything else (:func:`.pretokenize.split_special`).
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
@@ -68,6 +69,38 @@ def merge_pair(ids: Iterable[int] | Tensor, pair: tuple[int, int], new_id: int) 
     return list(_merge(ids, (a, b), new_id))
 
 
+def _merge_part(
+    x: int | bytes,
+    k: int,
+    pair: Sequence[int | bytes],
+    vocab: Mapping[int, bytes],
+    ids_of: Mapping[bytes, int],
+) -> int:
+    """The id that one side ``x`` of merge ``k`` names: an id, or a token's bytes."""
+    if isinstance(x, bytes | bytearray):
+        if bytes(x) not in ids_of:
+            raise ValueError(
+                f"merge {k} joins {tuple(pair)!r} but {bytes(x)!r} is not a token at that point: "
+                "a merge may only join single bytes and tokens made by the merges before it"
+            )
+        return ids_of[bytes(x)]
+    try:
+        if isinstance(x, bool):
+            raise TypeError
+        x = operator.index(x)  # an int, or a NumPy / 0-d tensor integer
+    except TypeError:
+        raise TypeError(
+            f"merge {k} is {tuple(pair)!r}: each side of a merge is a token id (int) or the "
+            f"token's bytes (b'...'), not {type(x).__name__}"
+        ) from None
+    if x not in vocab:
+        raise ValueError(
+            f"merge {k} joins {tuple(pair)!r} but only ids 0 to {255 + k} exist at that point; a "
+            "merge may only join tokens learned before it"
+        )
+    return x
+
+
 def _words(text: str, special: Sequence[str], pattern: str) -> Counter[tuple[int, ...]]:
     """The distinct pieces of ``text`` as tuples of bytes, with their frequencies; special tokens are
     cut out first and never take part in training."""
@@ -81,49 +114,59 @@ def _words(text: str, special: Sequence[str], pattern: str) -> Counter[tuple[int
 class BPETokenizer:
     """Byte-pair encoding on UTF-8 bytes (Sennrich et al. 2016; the byte-level variant of GPT-2).
 
-    ``BPETokenizer(merges)``: ids ``0..255`` are the byte values; merge ``k`` (0-based) creates id
-    ``256 + k`` standing for the concatenation of the two tokens it joins. Build one with
+    ``BPETokenizer(merges, pattern=...)``: ids ``0..255`` are the byte values; merge ``k`` (0-based)
+    creates id ``256 + k`` standing for the concatenation of the two tokens it joins. Build one with
     :meth:`train`, or from a ranks table such as GPT-2's with :meth:`from_ranks`.
 
+    Every way of building one takes the pre-tokenization as the keyword ``pattern``, with no default:
+    merges learned on GPT-2's pieces and applied to the course's pieces (or the other way round) give
+    other tokens without any error (``"I'm"`` is one piece for the course, ``"I"`` and ``"'m"`` for
+    GPT-2), so the pattern is named wherever the merges come from.
+
     Args:
-        merges: the pairs of ids to merge, in the order they were learned.
+        merges: the merges in the order they were learned, each a pair of ids (``(97, 98)``) or of
+            the two tokens' bytes (``(b"a", b"b")``; a token made by an earlier merge is its whole
+            byte string, ``(b"ab", b"c")``); the two forms may be mixed.
         special_tokens: strings such as ``"<|endoftext|>"`` that are never split or merged: each is
             one token, with ids after the merges (``256 + len(merges)``, ...) in the order given; a
             mapping ``{string: id}`` gives the ids instead.
-        pattern: the pre-tokenization, ``"course"`` or ``"gpt2"`` (:func:`.pretokenize.pretokenize`).
+        pattern: the pre-tokenization, ``"course"`` or ``"gpt2"`` (:func:`.pretokenize.pretokenize`):
+            the one the merges were learned with.
 
     Attributes:
         merges: the learned pairs of ids, in the order they were learned (empty for a tokenizer
             built from ranks, which lists tokens, not merges).
-        vocab: dict from id to the bytes that token stands for (special tokens not included).
+        vocab: dict from every id to the bytes it decodes to, special tokens included (their UTF-8
+            bytes), so ``len(vocab) == vocab_size`` when the ids have no gaps.
         special_tokens: dict from special token to its id.
         pattern: the pre-tokenization pattern's name.
         vocab_size: one more than the largest id (``256 + len(merges) + len(special_tokens)`` for a
             trained tokenizer): the rows an embedding table needs.
 
     Raises:
-        ValueError: if a merge refers to an id that does not exist yet when it is learned, or a
+        ValueError: if a merge refers to a token that does not exist yet when it is learned, or a
             special token is empty, registered twice or given an id that a token already has.
-        TypeError: if a special token is not a string.
+        TypeError: if a special token is not a string, or a merge's parts are neither ids nor bytes.
     """
 
     def __init__(
         self,
-        merges: Sequence[tuple[int, int]] = (),
+        merges: Sequence[tuple[int, int] | tuple[bytes, bytes]] = (),
         special_tokens: Sequence[str] | Mapping[str, int] = (),
-        pattern: str = "course",
+        *,
+        pattern: str,
     ) -> None:
         vocab = {i: bytes([i]) for i in range(256)}
+        ids_of = {token: i for i, token in vocab.items()}  # bytes -> the first id standing for them
         checked: list[tuple[int, int]] = []
-        for a, b in merges:
-            new_id = 256 + len(checked)
-            if a not in vocab or b not in vocab:
-                raise ValueError(
-                    f"merge {len(checked)} joins ({a}, {b}) but only ids 0 to {new_id - 1} "
-                    "exist at that point; a merge may only join tokens learned before it"
-                )
-            checked.append((int(a), int(b)))
+        for pair in merges:
+            k, new_id = len(checked), 256 + len(checked)
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise TypeError(f"merge {k} is {pair!r}; each merge is a pair (a, b)")
+            a, b = (_merge_part(x, k, pair, vocab, ids_of) for x in pair)
+            checked.append((a, b))
             vocab[new_id] = vocab[a] + vocab[b]
+            ids_of.setdefault(vocab[new_id], new_id)
         merged = {pair: 256 + k for k, pair in enumerate(checked)}
         self._setup(vocab, merged, list(range(256)), special_tokens, pattern)
         self.merges = checked
@@ -137,7 +180,6 @@ class BPETokenizer:
         pattern: str,
     ) -> None:
         pretokenize("", pattern)  # a clear error for an unknown pattern, now rather than later
-        self.vocab: dict[int, bytes] = vocab
         self.merges: list[tuple[int, int]] = []
         self.pattern = pattern
         self._merged = merged  # (a, b) -> the id of the token a + b
@@ -161,6 +203,7 @@ class BPETokenizer:
             raise ValueError(f"special tokens share an id: {ids}; give each its own")
         self.special_tokens: dict[str, int] = ids
         self._special_bytes = {i: s.encode("utf-8") for s, i in ids.items()}
+        self.vocab: dict[int, bytes] = {**vocab, **self._special_bytes}
         self._special_re = _special_regex(tuple(ids)) if ids else None
         self._longest_special = max(map(len, ids), default=0)
 
@@ -172,7 +215,8 @@ class BPETokenizer:
         cls,
         ranks: Mapping[bytes, int],
         special_tokens: Sequence[str] | Mapping[str, int] = (),
-        pattern: str = "gpt2",
+        *,
+        pattern: str,
     ) -> BPETokenizer:
         """A tokenizer from a ranks table, ``{token bytes: rank}``, whose ids are the ranks.
 
@@ -191,7 +235,7 @@ class BPETokenizer:
         Args:
             ranks: every token's bytes and its rank (its id); all 256 single bytes must be present.
             special_tokens: as for the constructor; a list gives ids from ``max(ranks) + 1`` on.
-            pattern: the pre-tokenization (GPT-2's by default).
+            pattern: the pre-tokenization the table was learned with (``"gpt2"`` for GPT-2's).
 
         Raises:
             ValueError: if a single byte is missing, a token is empty or two tokens share a rank.
@@ -227,7 +271,8 @@ class BPETokenizer:
         text: str,
         vocab_size: int,
         special_tokens: Sequence[str] = (),
-        pattern: str = "course",
+        *,
+        pattern: str,
     ) -> BPETokenizer:
         """Learn ``vocab_size - 256 - len(special_tokens)`` merges from ``text``, fast.
 
@@ -240,7 +285,7 @@ class BPETokenizer:
         """
         words = _words(text, _check_special(special_tokens), pattern)
         n_merges = cls._n_merges(vocab_size, special_tokens)
-        return cls(train_merges(words, n_merges), special_tokens, pattern)
+        return cls(train_merges(words, n_merges), special_tokens, pattern=pattern)
 
     @classmethod
     def train_reference(
@@ -248,7 +293,8 @@ class BPETokenizer:
         text: str,
         vocab_size: int,
         special_tokens: Sequence[str] = (),
-        pattern: str = "course",
+        *,
+        pattern: str,
     ) -> BPETokenizer:
         """Learn ``vocab_size - 256 - len(special_tokens)`` merges from ``text``, recounting each time.
 
@@ -268,7 +314,7 @@ class BPETokenizer:
         """
         words = _words(text, _check_special(special_tokens), pattern)
         n_merges = cls._n_merges(vocab_size, special_tokens)
-        return cls(train_merges_reference(words, n_merges), special_tokens, pattern)
+        return cls(train_merges_reference(words, n_merges), special_tokens, pattern=pattern)
 
     @staticmethod
     def _n_merges(vocab_size: int, special_tokens: Sequence[str]) -> int:
@@ -284,7 +330,7 @@ class BPETokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return max([*self.vocab, *self.special_tokens.values()]) + 1
+        return max(self.vocab) + 1
 
     # ----------------------------------------------------------------------------------------------
     # Encoding
@@ -414,13 +460,13 @@ class BPETokenizer:
     def _bytes(self, ids: Iterable[int] | Tensor) -> list[bytes]:
         out = []
         for i in _as_id_list(ids):
-            token = self.vocab.get(i, self._special_bytes.get(i))
+            token = self.vocab.get(i)
             if token is None:
-                specials = f" + {len(self.special_tokens)} special" if self.special_tokens else ""
+                specials = len(self.special_tokens)
                 raise ValueError(
                     f"id {i} is not a token id: valid ids are 0 to {self.vocab_size - 1} "
-                    f"({len(self.vocab)} tokens{specials}; 256 bytes + {len(self.merges)} merges "
-                    "for a trained tokenizer)"
+                    f"({len(self.vocab)} tokens, {specials} of them special; 256 bytes + "
+                    f"{len(self.merges)} merges for a trained tokenizer)"
                 )
             out.append(token)
         return out
@@ -448,7 +494,7 @@ class BPETokenizer:
         ]
 
     def __repr__(self) -> str:
-        extra = "" if self.pattern == "course" else f", pattern={self.pattern!r}"
+        extra = f", pattern={self.pattern!r}"
         if self.special_tokens:
             extra += f", special_tokens={list(self.special_tokens)!r}"
         return f"BPETokenizer(vocab_size={self.vocab_size}{extra})"

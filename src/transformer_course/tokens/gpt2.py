@@ -126,4 +126,6 @@ def gpt2_tokenizer(source: str | pathlib.Path = GPT2_RANKS_URL, sha256: str | No
             f"{source} has sha256 {hashlib.sha256(data).hexdigest()}, not GPT-2's {expected}: a "
             "partial download or another table (pass sha256=None to use it anyway)"
         )
-    return BPETokenizer.from_ranks(read_tiktoken(data), special_tokens={ENDOFTEXT: 50256})
+    return BPETokenizer.from_ranks(
+        read_tiktoken(data), special_tokens={ENDOFTEXT: 50256}, pattern="gpt2"
+    )
