@@ -400,9 +400,11 @@ def test_a_lab_setup_cell_installs_the_package_and_keeps_the_runtime_torch(tmp_p
 
     setup = sync_labs.setup_source().replace(project.install_spec(), str(ROOT))
     assert str(ROOT) in setup and "git+" not in setup
-    t0 = time.perf_counter()
+    # CPU time, not wall time: on a busy machine (make test runs the book beside these tests) the
+    # install waits for the cores; what must stay small is the work it does
+    t0, cpu0 = time.perf_counter(), _children_cpu()
     done = subprocess.run([python, "-c", setup], capture_output=True, text=True, env=clean)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     assert done.returncode == 0, done.stderr[-2000:]
     check = (
         "import torch, transformer_course as tc; "
@@ -417,7 +419,15 @@ def test_a_lab_setup_cell_installs_the_package_and_keeps_the_runtime_torch(tmp_p
         after.stdout
     )  # installed, not the source tree
     assert not (site / "torch").exists(), "the setup cell installed a torch of its own"
-    assert seconds < 60, f"the setup cell took {seconds:.1f} s"
+    assert cpu < 60, f"the setup cell took {cpu:.1f} CPU-s ({seconds:.1f} s)"
+
+
+def _children_cpu() -> float:
+    """CPU seconds of every child process this one has waited for (pip and what it started)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def test_every_labelled_equation_is_implemented_or_marked_as_a_derivation():
