@@ -4,11 +4,11 @@ Chapter: *Autoregressive language models* (Turner 2023 sec. 4.1; MIT 6.390 sec. 
 2025 sec. 5.2-5.3; Pope et al. 2023 on the cache). One file per part, each name re-exported here
 (``tc.language_models.GPT``):
 
-* :mod:`.model`: :class:`GPTConfig`, its presets (:data:`TINY`, :data:`SHAKESPEARE_CPU`,
-  :data:`SHAKESPEARE_GPU`), nanoGPT's GPT-2-style initialisation :func:`gpt2_init`, the model
-  :class:`GPT` (``GPT.from_huggingface`` loads GPT-2's weights, through :func:`gpt2_state_dict`), and
-  the one map between its parameters and ``scratch/gpt.py``'s (:func:`scratch_names`,
-  :func:`scratch_state_dict`, :func:`gpt_from_scratch`);
+* :mod:`.model`: :class:`GPTConfig`, its presets (:data:`TINY`, :data:`SHAKESPEARE_CHAPTER`,
+  :data:`SHAKESPEARE_CPU`, :data:`SHAKESPEARE_GPU`), nanoGPT's GPT-2-style initialisation
+  :func:`gpt2_init`, the model :class:`GPT` (``GPT.from_huggingface`` loads GPT-2's weights,
+  through :func:`gpt2_state_dict`), and the one map between its parameters and
+  ``scratch/gpt.py``'s (:func:`scratch_names`, :func:`scratch_state_dict`, :func:`gpt_from_scratch`);
 * :mod:`.generation`: the next token's distribution and choice, :func:`window_start` (the context
   policy: the window jumps, so that a cache is rebuilt once per jump) and :func:`generate`, with and
   without the key-value cache;
@@ -53,6 +53,7 @@ from .generation import (
 )
 from .model import (
     GPT,
+    SHAKESPEARE_CHAPTER,
     SHAKESPEARE_CPU,
     SHAKESPEARE_GPU,
     TINY,
@@ -78,6 +79,7 @@ from .recipe import (
 
 __all__ = [
     "GPT",
+    "SHAKESPEARE_CHAPTER",
     "SHAKESPEARE_CHAPTER_RECIPE",
     "SHAKESPEARE_CPU",
     "SHAKESPEARE_CPU_RECIPE",
