@@ -1,5 +1,5 @@
-# The two commands of the README: `make book` (build the website) and `make test` (every test).
-# Both create .venv on first use. TORCH selects the PyTorch build that is installed into it:
+# The commands of the README: `make lab` (JupyterLab on the labs), `make book` (build the website) and
+# `make test` (every test). Each creates .venv on first use. TORCH selects the PyTorch build that is installed into it:
 #   make test                                   # torch==2.13.0 (this project's CPU build)
 #   make test TORCH="torch --index-url https://download.pytorch.org/whl/cpu"     # CPU wheel from pytorch.org
 #   make test TORCH="torch --index-url https://download.pytorch.org/whl/cu124"   # a CUDA build
@@ -48,8 +48,10 @@ book: $(STAMP)  ## build the website into _build/html (strict: warnings are erro
 	$(BIN)/python scripts/build_book.py
 	@echo "The website is at: $(abspath _build/html/index.html)"
 
-lab: $(STAMP)  ## JupyterLab on the labs and the chapter pages (they open as notebooks), in the venv
-	$(BIN)/python scripts/lab.py
+LAB_ARGS ?=
+
+lab: $(STAMP)  ## JupyterLab on the labs and the chapter pages (they open as notebooks); e.g. LAB_ARGS="--port 9999 --no-browser"
+	$(BIN)/python scripts/lab.py $(LAB_ARGS)
 
 browser:  ## Debian's chromium for the site tests: installed only when missing and running as root
 	@if [ -x "$${CHROMIUM:-/usr/bin/chromium}" ]; then :; \

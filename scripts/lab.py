@@ -5,9 +5,10 @@
 The labs (``notebooks/*.ipynb``) open as they are. The chapter pages (``book/*.md``) are MyST text
 notebooks: jupytext, installed beside JupyterLab, reads their header and this script makes "Jupytext
 Notebook" the default viewer of Markdown files, so a double click opens a chapter as a notebook whose
-cells run (right-click, *Open With*, *Markdown Preview* shows a Markdown file as text instead). That
-default is written to this venv's own JupyterLab settings (``<venv>/share/jupyter/lab/settings/
-overrides.json``), never to your user settings; your own settings still win where they set the same key.
+cells run. Every Markdown file opens that way, the README too: right-click, *Open With*, *Markdown
+Preview* renders one, *Editor* shows its text. That default is written to this venv's own JupyterLab
+settings (``<venv>/share/jupyter/lab/settings/overrides.json``), never to your user settings; your
+own settings still win where they set the same key.
 
 The server listens on 127.0.0.1 only, behind a token that this script makes and prints in the URL.
 A chapter opened this way runs as it does in the book: its first cell imports ``transformer_course``
@@ -35,13 +36,24 @@ VIEWERS = {
 
 
 def write_overrides(prefix: pathlib.Path = pathlib.Path(sys.prefix)) -> pathlib.Path:
-    """Merge :data:`VIEWERS` into the venv's ``overrides.json`` (JupyterLab's app-level defaults)."""
+    """Merge :data:`VIEWERS` into the venv's ``overrides.json`` (JupyterLab's app-level defaults):
+    the viewers it names are set, every other setting in the file is kept.
+
+    Raises:
+        SystemExit: naming the file, if it is not valid JSON or cannot be written.
+    """
     path = prefix / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
-    settings = json.loads(path.read_text()) if path.exists() else {}
-    for plugin, values in VIEWERS.items():
-        settings.setdefault(plugin, {}).update(values)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(settings, indent=2) + "\n")
+    try:
+        settings = json.loads(path.read_text()) if path.exists() else {}
+        for plugin, values in VIEWERS.items():
+            for key, value in values.items():  # one level down: other file types keep their viewers
+                settings.setdefault(plugin, {}).setdefault(key, {}).update(value)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings, indent=2) + "\n")
+    except (OSError, ValueError) as err:
+        raise SystemExit(
+            f"could not set JupyterLab's default viewer in {path} ({err}); fix or delete that file"
+        ) from None
     return path
 
 

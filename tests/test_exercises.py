@@ -54,15 +54,16 @@ def test_every_mistake_differs_from_the_solution_on_some_trial(name):
     if type(ex) is not tc.exercises.Exercise:  # a checker of whole modules (labs 4, 7, 8, 9)
         pytest.skip(f"{type(ex).__name__}: its chapter's tests prove its mistakes differ")
     assert ex.trials > 0, f"{name} runs no trial"
-    caught = {mistake.why: False for mistake in ex.mistakes}
+    assert ex.mistakes, f"{name} knows no mistake to tell a learner about"
+    caught = [False] * len(ex.mistakes)
     for trial in range(ex.trials):
         args = ex.make_inputs(torch.Generator().manual_seed(1000 + trial), trial)
         expected = ex.solution(*args)
-        for mistake in ex.mistakes:
+        for k, mistake in enumerate(ex.mistakes):
             got = torch.as_tensor(mistake.wrong(*args)).to(expected.dtype)
             if got.shape != expected.shape or not torch.allclose(got, expected, equal_nan=True):
-                caught[mistake.why] = True
-    assert all(caught.values()), [why for why, seen in caught.items() if not seen]
+                caught[k] = True
+    assert all(caught), [m.why for m, seen in zip(ex.mistakes, caught, strict=True) if not seen]
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -2,8 +2,10 @@
 chapter page opened from the file tree's URLs, their first code cells run, their output on the page.
 
 The server runs on a copy of the two files (nothing in the repository is opened, so nothing can be
-saved back into it), on 127.0.0.1 behind a token, with JupyterLab's settings, workspaces and runtime
-files in a temporary folder; it and its kernels are stopped at the end whatever happens.
+saved back into it), on 127.0.0.1 behind a token, with JupyterLab's user settings, workspaces and
+runtime files in a temporary folder (the default viewer that ``scripts/lab.py`` writes into the venv's
+own ``overrides.json`` is what the test relies on); it and its kernels are stopped at the end whatever
+happens.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("lab-home")
     env = {
         **os.environ,
+        "TRANSFORMER_COURSE_DEVICE": "cpu",  # the outputs the test reads, on a machine with a GPU too
         "JUPYTERLAB_SETTINGS_DIR": str(
             home / "settings"
         ),  # no user setting of this machine applies
@@ -149,13 +152,18 @@ def _run_first_cells(page, lab: Server, name: str, marker: str, expected: str) -
     page.keyboard.press("Escape")  # command mode: Shift+Enter runs a cell and selects the next
     for _ in range(_cells_to_run(lab.root / name, marker)):
         page.keyboard.press("Shift+Enter")
+    # the expected output, or an error (which stops the queued cells): whichever comes first
     output = panel.locator(".jp-OutputArea-output", has_text=expected)
-    output.first.wait_for(timeout=180_000)
-    errors = panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-    assert "Traceback" not in " ".join(errors.all_inner_texts()), errors.all_inner_texts()
+    error = panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    output.or_(error.filter(has_text="Traceback")).first.wait_for(timeout=180_000)
+    if not output.count():
+        pytest.fail(
+            f"{name} raised before its output {expected!r}:\n" + "\n".join(error.all_inner_texts())
+        )
 
 
-def test_make_lab_opens_a_lab_and_a_chapter_page_as_notebooks_that_run(browser, server):
+def test_lab_script_opens_a_lab_and_a_chapter_page_as_notebooks_that_run(browser, server):
+    """What ``make lab`` runs (``scripts/lab.py``), driven as a learner would."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
     try:
@@ -172,15 +180,27 @@ def test_make_lab_opens_a_lab_and_a_chapter_page_as_notebooks_that_run(browser, 
         context.close()
 
 
-def test_lab_script_writes_the_viewer_default_into_the_venv_only(tmp_path):
-    """The default viewer goes to the given prefix's ``overrides.json``, merged with what is there."""
+def test_lab_script_merges_the_viewer_default_into_the_prefixs_overrides(tmp_path):
+    """The default viewer goes to the given prefix's ``overrides.json``, merged with what is there
+    (another plugin's setting, another file type's viewer); a broken file gets a clear error."""
     path = tmp_path / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
     path.parent.mkdir(parents=True)
-    path.write_text(
-        json.dumps({"@jupyterlab/apputils-extension:themes": {"theme": "JupyterLab Dark"}})
-    )
+    docmanager = "@jupyterlab/docmanager-extension:plugin"
+    theirs = {
+        "@jupyterlab/apputils-extension:themes": {"theme": "JupyterLab Dark"},
+        docmanager: {"defaultViewers": {"python": "Editor"}, "autosave": False},
+    }
+    path.write_text(json.dumps(theirs))
     assert lab_script.write_overrides(tmp_path) == path
     settings = json.loads(path.read_text())
     assert settings["@jupyterlab/apputils-extension:themes"] == {"theme": "JupyterLab Dark"}
-    viewers = settings["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"]
-    assert viewers["markdown"] == "Jupytext Notebook"
+    assert settings[docmanager]["autosave"] is False
+    viewers = settings[docmanager]["defaultViewers"]
+    assert viewers == {
+        "python": "Editor",
+        "markdown": "Jupytext Notebook",
+        "myst": "Jupytext Notebook",
+    }
+    path.write_text("{not json")
+    with pytest.raises(SystemExit, match=r"overrides\.json .*fix or delete that file"):
+        lab_script.write_overrides(tmp_path)

@@ -75,7 +75,8 @@ _MATH_BLOCK = re.compile(r"^(`{3,})\{math\}", re.M)
 
 
 def _in_code(text: str, at: int) -> bool:
-    """Whether offset ``at`` lies inside a fenced block (```` ``` ```` / ``:::``) of the page."""
+    """Whether offset ``at`` lies inside a directive's fenced block (```` ```{name} ```` or
+    ``:::{name}``, e.g. a code cell) of the page."""
     return any(m.start() < at < m.end() for m in _ANY_FENCE.finditer(text))
 
 

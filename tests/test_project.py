@@ -403,7 +403,9 @@ def test_a_lab_setup_cell_installs_the_package_and_keeps_the_runtime_torch(tmp_p
     # CPU time, not wall time: on a busy machine (make test runs the book beside these tests) the
     # install waits for the cores; what must stay small is the work it does
     t0, cpu0 = time.perf_counter(), _children_cpu()
-    done = subprocess.run([python, "-c", setup], capture_output=True, text=True, env=clean)
+    done = subprocess.run(
+        [python, "-c", setup], capture_output=True, text=True, env=clean, timeout=600
+    )
     seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     assert done.returncode == 0, done.stderr[-2000:]
     check = (

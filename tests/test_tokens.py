@@ -238,8 +238,9 @@ def test_merges_as_byte_pairs_equal_the_same_merges_as_id_pairs():
         assert other.merges == tok.merges and other.vocab == tok.vocab
         s = random_text(rng, 200)
         assert other.encode(s) == tok.encode(s)
-    # NumPy and tensor integers are ids too
+    # NumPy and tensor integers are ids too, and a merge list may be an array
     assert BPETokenizer([(torch.tensor(97), 98)], pattern="course").merges == [(97, 98)]
+    assert BPETokenizer(torch.tensor(tok.merges), pattern="course").merges == tok.merges
 
 
 def test_merge_errors_name_the_merge_and_the_missing_token():
@@ -251,6 +252,8 @@ def test_merge_errors_name_the_merge_and_the_missing_token():
         BPETokenizer([("a", "b")], pattern="course")
     with pytest.raises(TypeError, match=r"merge 0 is \(97,\); each merge is a pair"):
         BPETokenizer([(97,)], pattern="course")
+    with pytest.raises(TypeError, match=r"merge 0 is b'ab'; each merge is a pair"):
+        BPETokenizer([b"ab"], pattern="course")  # not the ids 97 and 98
 
 
 def test_vocab_holds_every_id_that_vocab_size_counts():

@@ -11,8 +11,9 @@ A tokenizer is a vocabulary of byte strings with ids, a rule for merging, a pre-
   the lowest rank (tiktoken's rule; eq. ``eq-tok-bpe-rank``).
 
 Both are one rule, :meth:`BPETokenizer._encode_piece`: merge the adjacent pair whose merged token has
-the lowest id, the leftmost on a tie. Special tokens get ids after the vocabulary and are cut out of
-the text before anything else (:func:`.pretokenize.split_special`).
+the lowest id, the leftmost on a tie. Special tokens get ids after the merges (or the ranks), are cut
+out of the text before anything else (:func:`.pretokenize.split_special`), and are in ``vocab`` with
+their UTF-8 bytes.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ class BPETokenizer:
     Args:
         merges: the merges in the order they were learned, each a pair of ids (``(97, 98)``) or of
             the two tokens' bytes (``(b"a", b"b")``; a token made by an earlier merge is its whole
-            byte string, ``(b"ab", b"c")``); the two forms may be mixed.
+            byte string, ``(b"ab", b"c")``, the first token made with those bytes where two merges
+            make the same string); the two forms may be mixed.
         special_tokens: strings such as ``"<|endoftext|>"`` that are never split or merged: each is
             one token, with ids after the merges (``256 + len(merges)``, ...) in the order given; a
             mapping ``{string: id}`` gives the ids instead.
@@ -137,7 +139,9 @@ class BPETokenizer:
         merges: the learned pairs of ids, in the order they were learned (empty for a tokenizer
             built from ranks, which lists tokens, not merges).
         vocab: dict from every id to the bytes it decodes to, special tokens included (their UTF-8
-            bytes), so ``len(vocab) == vocab_size`` when the ids have no gaps.
+            bytes), so ``len(vocab) == vocab_size`` when the ids have no gaps. A ranks table for
+            :meth:`from_ranks` leaves the special tokens out: ``{t: i for i, t in vocab.items() if
+            i not in special_tokens.values()}``.
         special_tokens: dict from special token to its id.
         pattern: the pre-tokenization pattern's name.
         vocab_size: one more than the largest id (``256 + len(merges) + len(special_tokens)`` for a
@@ -161,9 +165,13 @@ class BPETokenizer:
         checked: list[tuple[int, int]] = []
         for pair in merges:
             k, new_id = len(checked), 256 + len(checked)
-            if not isinstance(pair, tuple | list) or len(pair) != 2:
-                raise TypeError(f"merge {k} is {pair!r}; each merge is a pair (a, b)")
-            a, b = (_merge_part(x, k, pair, vocab, ids_of) for x in pair)
+            try:
+                if isinstance(pair, str | bytes | bytearray):  # b"ab" would unpack into 97, 98
+                    raise TypeError
+                left, right = pair  # a tuple, a list, a row of a NumPy array or a tensor
+            except (TypeError, ValueError):
+                raise TypeError(f"merge {k} is {pair!r}; each merge is a pair (a, b)") from None
+            a, b = (_merge_part(x, k, (left, right), vocab, ids_of) for x in (left, right))
             checked.append((a, b))
             vocab[new_id] = vocab[a] + vocab[b]
             ids_of.setdefault(vocab[new_id], new_id)
