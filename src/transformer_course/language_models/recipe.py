@@ -79,15 +79,17 @@ one CPU thread: 900 steps of 32 windows of 64 characters, for a model of width 6
 ``SHAKESPEARE_CPU``'s two blocks, four heads and context at half its width) with a peak rate of 1.5e-2.
 
 Measured on a 2-core AMD EPYC, one thread per run, two runs side by side, validation loss for seeds 0
-and 1 (``scratch/gpt.py``'s loop, the same split and batches): the CPU recipe's model (width 128) for
-500 steps at 8e-3, 1.878 and 1.902 in 72 s; width 64 for 800 steps at 1.5e-2, 1.862 and 1.879 in 51 s;
-width 64 for 900 steps, 1.844 and 1.839 in 57 s. A step of the narrower model costs 63 ms against 145
-(a quarter of the arithmetic, but small matrices use the core less well): at this budget more steps of
-a smaller model pay. Also tried, seed 0: in 57-60 s, three blocks of width 64 for 650 steps (1.927),
-16 windows a step for 1,500 steps (1.866), a warm-up of 50 with ``beta_2 = 0.95`` (1.856), two heads
-of width 32 at 1e-2 (1.858 in 51 s), a peak of 2e-2 (1.849, a tie); at width 128, a warm-up of 30 decaying to
-0 (1.913); past the minute, width 96 for 800 steps (1.824 in 73 s) and width 64 for 1,200 steps at
-1e-2 (1.796 in 76 s): more time still buys loss."""
+and 1, each run ``train_scratch_gpt(recipe, seed=s)`` with this recipe's fields replaced
+(``dataclasses.replace``) as named, its ``seconds`` the time (the same split and batches): the CPU
+recipe's model (width 128) for 500 steps at 8e-3, 1.878 and 1.902 in 72 s; width 64 for 800 steps at
+1.5e-2, 1.862 and 1.879 in 51 s; width 64 for 900 steps, 1.844 and 1.839 in 57 s. A step of the
+narrower model costs 63 ms against 145 (about a quarter of the arithmetic, but small matrices use the
+core less well): at this budget more steps of a smaller model pay. Also tried, seed 0: in 57-60 s,
+three blocks of width 64 for 650 steps (1.927), 16 windows a step for 1,500 steps at 1e-2 (1.866), a
+warm-up of 50 with ``beta_2 = 0.95`` (1.856), two heads of width 32 at 1e-2 (1.858 in 51 s), a peak of
+2e-2 (1.849, a tie); at width 128, a warm-up of 30 decaying to 0 (1.913); past the minute, width 96
+(three heads) for 800 steps at 8e-3 (1.824 in 73 s) and width 64 for 1,200 steps at 1e-2 (1.796 in 76
+s): more time still buys loss."""
 
 
 @dataclass
