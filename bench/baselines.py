@@ -5,6 +5,7 @@ with one fused QKV projection and PyTorch's ``scaled_dot_product_attention``, a 
 positions and a tied head. It is written independently of the course's package on purpose: it is the
 yardstick, not a second implementation to teach from. Hugging Face's ``GPT2LMHeadModel`` (built from a
 config, random weights: nothing is downloaded) is the other yardstick, via :func:`hf_gpt2`.
+``SDPASelfAttention`` is the attention layer alone, written the same way.
 """
 
 from __future__ import annotations
@@ -33,6 +34,24 @@ class _Block(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         x = x + self.drop(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))
         return x + self.drop(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)))))
+
+
+class SDPASelfAttention(nn.Module):
+    """Multi-head self-attention as a user writes it on top of PyTorch's fused kernel: one ``Linear`` to
+    queries, keys and values, ``F.scaled_dot_product_attention``, one output ``Linear`` (no mask)."""
+
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.h = h
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = (
+            t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in self.qkv(x).split(C, dim=2)
+        )
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
 class NanoGPT(nn.Module):

@@ -49,6 +49,27 @@ def interleaved_medians(
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+# Dense bfloat16 tensor-core peaks from the vendors' data sheets (without structured sparsity), in FLOP/s,
+# matched against ``torch.cuda.get_device_name`` in this order: the denominator of the model FLOPs
+# utilisation that ``bench/lm.py`` reports on a GPU.
+BF16_DENSE_PEAK = (
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # SXM
+    ("H200", 989e12),
+    ("A100", 312e12),
+    ("L4", 121e12),
+)
+
+
+def bf16_dense_peak(device: torch.device) -> float | None:
+    """The data-sheet bfloat16 peak of ``device`` in FLOP/s, or ``None`` (a CPU, or a GPU not listed)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in BF16_DENSE_PEAK if key in name), None)
+
+
 def commit() -> str:
     try:
         done = subprocess.run(

@@ -15,8 +15,8 @@ of ``--repeats`` runs after a warm-up:
   many bytes as all the model's weights. A generated token must read every weight once, so no decoder
   can beat it at batch 1. Target: ``ms_per_token / bound_ms <= 3``.
 * the machine's matrix-multiply peak (a large square product), for the roofline picture of chapter 7;
-* at batch 8 and 48: tokens/s with and without the cache and the cache's speed-up over
-  ``--sweep-tokens`` new tokens, and whether the tokens are identical;
+* at batch 8 and 48 (``--batches``): tokens/s with and without the cache and the cache's speed-up over
+  ``--sweep-tokens`` new tokens, whether the tokens are identical, and Hugging Face's cached tokens/s;
 * training: steps/s of the course's GPT at this size (dropout 0.2, as the preset) against a minimal
   nanoGPT-style model (``bench/baselines.py``) of the same sizes, same batch. Target:
   ``train_speed_vs_nanogpt >= 0.97`` (equal within this measurement's few-percent noise).
@@ -169,17 +169,31 @@ def main() -> None:
                 device,
                 args.repeats if use_cache else 1,  # uncached is slow: one timed run
             )
+        with torch.inference_mode():
+            secs["hf"] = best_seconds(
+                lambda p=prompts: hf.generate(
+                    p,
+                    max_new_tokens=args.sweep_tokens,
+                    min_new_tokens=args.sweep_tokens,
+                    do_sample=False,
+                    use_cache=True,
+                ),
+                device,
+                args.repeats,
+            )
         tokens = B * args.sweep_tokens
         sweep[B] = {
             "cached_tokens_per_s": round(tokens / secs[True], 1),
             "uncached_tokens_per_s": round(tokens / secs[False], 1),
+            "hf_cached_tokens_per_s": round(tokens / secs["hf"], 1),
             "cache_speedup": round(secs[False] / secs[True], 2),
             "identical": torch.equal(outs[True], outs[False]),
         }
         print(
             f"batch {B:3d}, {args.sweep_tokens} new tokens: cached {tokens / secs[True]:8.1f} "
             f"tokens/s, uncached {tokens / secs[False]:8.1f} tokens/s, speed-up "
-            f"{sweep[B]['cache_speedup']:.2f}x, identical: {sweep[B]['identical']}"
+            f"{sweep[B]['cache_speedup']:.2f}x, identical: {sweep[B]['identical']}; Hugging Face "
+            f"cached {tokens / secs['hf']:8.1f} tokens/s"
         )
     identical_b1 = torch.equal(
         run_ours(), generate(ours, prompt, n_new, greedy=True, use_cache=False)

@@ -8,7 +8,10 @@ Trains with the package's recipe (``SHAKESPEARE_CPU_RECIPE`` or ``SHAKESPEARE_GP
 over a fixed set of held-out batches (90/10 split). Then it generates 500 tokens greedily with and
 without the key-value cache and checks that the tokens are identical. Targets on a 2-core CPU:
 ``val_loss <= 1.70`` with ``train_seconds <= 120``; on an H100 the GPU preset: ``val_loss <= 1.47`` in
-at most 60 s. Decoding speed is ``bench/decode.py``'s. The last line is one JSON object.
+at most 60 s. Also reported: tokens/s, the time of a step and the model FLOPs per second
+(``step_flops``), on a listed GPU as a fraction of its data-sheet bfloat16 peak (the MFU). ``--train
+lr=1e-3 max_steps=5000`` changes optimisation settings for a study; the JSON records the settings run.
+Decoding speed is ``bench/decode.py``'s. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import dataclasses
 import time
 
 import torch
-from common import report, sync
+from common import bf16_dense_peak, report, sync
 
 import transformer_course as tc
 from transformer_course.language_models import (
@@ -28,6 +31,7 @@ from transformer_course.language_models import (
     train_char_lm,
 )
 from transformer_course.runtime import machine
+from transformer_course.training.accounting import step_flops
 
 RECIPES = {"cpu": SHAKESPEARE_CPU_RECIPE, "gpu": SHAKESPEARE_GPU_RECIPE}
 TARGETS = {
@@ -46,6 +50,14 @@ def main() -> None:
     parser.add_argument("--eval-batches", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--new-tokens", type=int, default=500)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--train",
+        nargs="*",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="change the recipe's optimisation settings, e.g. --train lr=1e-3 max_steps=5000 "
+        "(a study; the recipe itself is what the results record)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -54,6 +66,11 @@ def main() -> None:
     recipe = RECIPES[preset]
     if args.eval_batches:
         recipe = dataclasses.replace(recipe, eval_batches=args.eval_batches)
+    if args.train:
+        changes = dict(item.split("=", 1) for item in args.train)
+        recipe = recipe.with_train(
+            **{k: type(getattr(recipe.train, k) or 0.0)(v) for k, v in changes.items()}
+        )
     if device.type == "cuda":  # a script may set global switches; the library never does
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -65,6 +82,16 @@ def main() -> None:
     print(f"model: {model.num_params():,} parameters")
     print(
         f"trained {hist.steps_done} steps in {hist.seconds:.1f} s; validation loss {run.val_loss:.4f}"
+    )
+    B, C = recipe.batch_size, model.config.block_size
+    tokens_per_s = hist.steps_done * B * C / hist.seconds
+    flops = step_flops(model.config, B, C)["total"] * hist.steps_done / hist.seconds
+    peak = bf16_dense_peak(device)
+    mfu = flops / peak if peak else None
+    print(
+        f"throughput: {tokens_per_s:,.0f} tokens/s, {hist.seconds / hist.steps_done * 1e3:.1f} ms a step, "
+        f"{flops / 1e12:.2f} TFLOP/s of model FLOPs (6 per weight and token, attention's full square)"
+        + (f", {mfu:.1%} of the card's {peak / 1e12:.0f} TFLOP/s bf16 dense peak" if mfu else "")
     )
     for s, v in zip(hist.eval_step, hist.evals["val_loss"], strict=True):
         print(f"  step {s:5d}: val {v:.4f}")
@@ -94,6 +121,13 @@ def main() -> None:
             "params": model.num_params(),
             "steps": hist.steps_done,
             "train_seconds": round(hist.seconds, 2),
+            "train_settings": dataclasses.asdict(recipe.train),
+            "batch_size": B,
+            "tokens_per_s": round(tokens_per_s, 1),
+            "ms_per_step": round(hist.seconds / hist.steps_done * 1e3, 3),
+            "model_tflops_per_s": round(flops / 1e12, 4),
+            "bf16_dense_peak_tflops": peak / 1e12 if peak else None,
+            "mfu": round(mfu, 4) if mfu else None,
             "val_loss": round(run.val_loss, 4),
             "val_loss_by_step": dict(zip(hist.eval_step, hist.evals["val_loss"], strict=True)),
             "kv_identical": identical,
