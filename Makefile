@@ -90,6 +90,9 @@ bench: $(STAMP)  ## run every benchmark; results go to bench/results/<device>/<n
 	@set -o pipefail; for b in $(BENCHES); do echo "== bench/$$b.py --device $(BENCH_DEVICE)"; \
 	  $(BIN)/python bench/$$b.py --device $(BENCH_DEVICE) | tee bench/results/$(BENCH_DEVICE)/$$b.log || exit 1; \
 	  tail -n 1 bench/results/$(BENCH_DEVICE)/$$b.log > bench/results/$(BENCH_DEVICE)/$$b.json; done
+	@if [ $(BENCH_DEVICE) = cpu ]; then out=bench/results/cpu/lm_minute; echo "== bench/lm.py --preset minute"; \
+	  set -o pipefail; $(BIN)/python bench/lm.py --preset minute | tee $$out.log || exit 1; \
+	  tail -n 1 $$out.log > $$out.json; fi
 
 # The long studies, about 2 hours on 2 idle cores: the scaling sweep, the learning-rate sweep and the
 # modern model (read by the training and extensions chapters), every claim at its large setting (claims), the position

@@ -15,6 +15,8 @@ of ``--repeats`` runs after a warm-up:
   many bytes as all the model's weights. A generated token must read every weight once, so no decoder
   can beat it at batch 1. Target: ``ms_per_token / bound_ms <= 3``.
 * the machine's matrix-multiply peak (a large square product), for the roofline picture of chapter 7;
+* where a token's time goes: the profiler's table of the course's cached decoding per token, and the
+  time spent outside every PyTorch operation (Python and dispatch);
 * at batch 8 and 48 (``--batches``): tokens/s with and without the cache and the cache's speed-up over
   ``--sweep-tokens`` new tokens, whether the tokens are identical, and Hugging Face's cached tokens/s;
 * training: steps/s of the course's GPT at this size (dropout 0.2, as the preset) against a minimal
@@ -64,6 +66,37 @@ def streaming_bound_seconds(n_params: int, d: int, device: torch.device, repeats
     W = torch.randn(n_params // d, d, device=device)
     x = torch.randn(d, device=device)
     return best_seconds(lambda: torch.mv(W, x), device, max(repeats, 20))
+
+
+def per_token_profile(run, n_new: int, rows: int = 10) -> dict:
+    """Where a generated token's time goes: ``torch.profiler`` over one call of ``run`` (a generation
+    of ``n_new`` tokens), each PyTorch operation's self CPU time and calls per token, the ``rows``
+    largest; the wall time per token with the profiler on; and the part of it spent outside every
+    operation (Python, the modules' calls, dispatch). The profiler's own cost per operation inflates
+    the small ones, so the wall time with it on is reported beside the timed figure."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()  # warm
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        run()
+        wall = time.perf_counter() - t0
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    in_ops_us = sum(e.self_cpu_time_total for e in events) / n_new  # microseconds
+    return {
+        "ms_per_token_profiled": round(wall / n_new * 1e3, 4),
+        "ms_per_token_in_ops": round(in_ops_us / 1e3, 4),
+        "ms_per_token_outside_ops": round(wall / n_new * 1e3 - in_ops_us / 1e3, 4),
+        "ops": [
+            {
+                "op": e.key,
+                "calls_per_token": round(e.count / n_new, 2),
+                "us_per_token": round(e.self_cpu_time_total / n_new, 1),
+            }
+            for e in events[:rows]
+        ],
+    }
 
 
 def matmul_peak_flops(device: torch.device, n: int = 2048) -> float:
@@ -156,6 +189,16 @@ def main() -> None:
         "(target <= 3)"
     )
     print(f"matrix-multiply peak: {peak / 1e9:.1f} GFLOP/s (2048 x 2048 float32)")
+    profiled = per_token_profile(run_ours, n_new)
+    print(
+        f"profile of the course's cached decoding, per token: {profiled['ms_per_token_profiled']:.3f} "
+        f"ms with the profiler on, {profiled['ms_per_token_in_ops']:.3f} ms inside PyTorch operations, "
+        f"{profiled['ms_per_token_outside_ops']:.3f} ms outside them; the largest:"
+    )
+    for row in profiled["ops"]:
+        print(
+            f"  {row['op']:32s} {row['calls_per_token']:6.2f} calls {row['us_per_token']:8.1f} us"
+        )
 
     sweep = {}
     for B in args.batches:
@@ -244,6 +287,7 @@ def main() -> None:
             "bound_gb_per_s": round(weight_bytes / bound_ms / 1e6, 2),
             "bound_ratio": round(ms_per_token / bound_ms, 3),
             "matmul_gflops": round(peak / 1e9, 1),
+            "profile_per_token": profiled,
             "identical": identical_b1 and all(s["identical"] for s in sweep.values()),
             "sweep_new_tokens": args.sweep_tokens,
             "by_batch": sweep,

@@ -1,17 +1,23 @@
 """Language-model benchmark: train a character GPT on tiny-shakespeare, then check cached generation.
 
-    python bench/lm.py                              # the CPU recipe on the CPU (default)
+    python bench/lm.py                              # the CPU recipe, fitted to 120 s of this CPU
+    python bench/lm.py --preset minute              # the minute recipe, fitted to 60 s
     python bench/lm.py --device cuda --preset gpu   # nanoGPT's shakespeare_char size on a GPU
 
-Trains with the package's recipe (``SHAKESPEARE_CPU_RECIPE`` or ``SHAKESPEARE_GPU_RECIPE``, run by
-``tc.language_models.train_char_lm``) within its time budget and reports the validation loss, the mean
-over a fixed set of held-out batches (90/10 split). Then it generates 500 tokens greedily with and
-without the key-value cache and checks that the tokens are identical. Targets on a 2-core CPU:
-``val_loss <= 1.70`` with ``train_seconds <= 120``; on an H100 the GPU preset: ``val_loss <= 1.47`` in
-at most 60 s. Also reported: tokens/s, the time of a step and the model FLOPs per second
-(``step_flops``), on a listed GPU as a fraction of its data-sheet bfloat16 peak (the MFU). ``--train
-lr=1e-3 max_steps=5000`` changes optimisation settings for a study; the JSON records the settings run.
-Decoding speed is ``bench/decode.py``'s. The last line is one JSON object.
+Trains with one of the package's recipes (``SHAKESPEARE_CPU_RECIPE``, ``SHAKESPEARE_MINUTE_RECIPE`` or
+``SHAKESPEARE_GPU_RECIPE``, run by ``tc.language_models.train_char_lm``) and reports the validation
+loss, the mean over a fixed set of held-out batches (90/10 split). On the CPU the recipe is fitted to
+its time budget on this machine, or to ``--seconds`` (``tc.language_models.fit_to_time``: its step is
+timed, and its schedule gets as many steps as fit), so a slow machine and a fast one both finish the
+schedule in the same time; ``--seconds 0`` runs the recipe's own steps. Targets on 2 CPU cores:
+``val_loss <= 1.55`` in 120 s (``cpu``) and ``<= 1.70`` in 60 s (``minute``); on an H100 the GPU
+preset: ``val_loss <= 1.47`` in at most 60 s. Then it generates 500
+tokens greedily with and without the key-value cache and checks that the tokens are identical.
+
+Also reported: tokens/s, the time of a step and the model FLOPs per second (``step_flops``), on a
+listed GPU as a fraction of its data-sheet bfloat16 peak (the MFU). For studies, ``--train lr=1e-2``
+and ``--model d_model=96`` change the recipe's settings; the JSON records what ran. Decoding speed
+is ``bench/decode.py``'s. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -25,19 +31,30 @@ from common import bf16_dense_peak, report, sync
 
 import transformer_course as tc
 from transformer_course.language_models import (
+    SHAKESPEARE_CHAPTER_RECIPE,
     SHAKESPEARE_CPU_RECIPE,
     SHAKESPEARE_GPU_RECIPE,
+    SHAKESPEARE_MINUTE_RECIPE,
+    fit_to_time,
     generate,
     train_char_lm,
 )
 from transformer_course.runtime import machine
 from transformer_course.training.accounting import step_flops
 
-RECIPES = {"cpu": SHAKESPEARE_CPU_RECIPE, "gpu": SHAKESPEARE_GPU_RECIPE}
-TARGETS = {
-    "cpu": {"val_loss": ["<=", 1.70], "train_seconds": ["<=", 120], "kv_identical": ["==", True]},
-    "gpu": {"val_loss": ["<=", 1.47], "train_seconds": ["<=", 60], "kv_identical": ["==", True]},
+RECIPES = {
+    "cpu": SHAKESPEARE_CPU_RECIPE,
+    "minute": SHAKESPEARE_MINUTE_RECIPE,
+    "chapter": SHAKESPEARE_CHAPTER_RECIPE,
+    "gpu": SHAKESPEARE_GPU_RECIPE,
 }
+VAL_TARGETS = {("cpu", 120): 1.55, ("minute", 60): 1.70, ("gpu", 60): 1.47}  # (preset, seconds)
+
+
+def _settings(items: list[str], current) -> dict:
+    """``["lr=1e-2", "d_model=96"]`` as changes of the dataclass ``current``, typed as its fields."""
+    changes = dict(item.split("=", 1) for item in items)
+    return {k: type(getattr(current, k) or 0.0)(v) for k, v in changes.items()}
 
 
 def main() -> None:
@@ -55,8 +72,22 @@ def main() -> None:
         nargs="*",
         default=[],
         metavar="SETTING=VALUE",
-        help="change the recipe's optimisation settings, e.g. --train lr=1e-3 max_steps=5000 "
-        "(a study; the recipe itself is what the results record)",
+        help="change the recipe's optimisation settings, e.g. --train lr=1e-3 max_steps=5000",
+    )
+    parser.add_argument(
+        "--model",
+        nargs="*",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="change the recipe's model, e.g. --model d_model=96 H=3",
+    )
+    parser.add_argument("--batch", type=int, default=None, help="windows a step (a study)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="fit the recipe's steps to this many seconds of training here (default: the recipe's "
+        "budget, 120 s for cpu and 60 s for minute, on the CPU; none on a GPU); 0: its own steps",
     )
     args = parser.parse_args()
     if args.threads:
@@ -67,15 +98,29 @@ def main() -> None:
     if args.eval_batches:
         recipe = dataclasses.replace(recipe, eval_batches=args.eval_batches)
     if args.train:
-        changes = dict(item.split("=", 1) for item in args.train)
-        recipe = recipe.with_train(
-            **{k: type(getattr(recipe.train, k) or 0.0)(v) for k, v in changes.items()}
+        recipe = recipe.with_train(**_settings(args.train, recipe.train))
+    if args.batch:
+        recipe = dataclasses.replace(recipe, batch_size=args.batch)
+    if args.model:
+        recipe = dataclasses.replace(
+            recipe, model=dataclasses.replace(recipe.model, **_settings(args.model, recipe.model))
         )
     if device.type == "cuda":  # a script may set global switches; the library never does
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
     print(f"machine: {machine(device)}")
+    fit_seconds = args.seconds
+    if fit_seconds is None:
+        fit_seconds = recipe.train.time_budget_s if device.type == "cpu" else 0
+    step_seconds = None
+    if fit_seconds and args.steps is None:
+        recipe, step_seconds = fit_to_time(recipe, fit_seconds, device)
+        print(
+            f"fitted to {fit_seconds:g} s: a step takes {step_seconds * 1e3:.1f} ms here, so "
+            f"{recipe.train.max_steps} steps (90 %), {recipe.train.warmup_steps} of warm-up"
+        )
+    budget = fit_seconds or recipe.train.time_budget_s
     print(f"recipe: {recipe.with_steps(args.steps)}")
     run = train_char_lm(recipe, device, steps=args.steps)
     hist, model, tok = run.history, run.model, run.tokenizer
@@ -114,7 +159,17 @@ def main() -> None:
     print("sample:", tok.decode(outputs[True][0, 1:201].tolist()).replace("\n", " / "))
     report(
         {
-            "targets": TARGETS[preset],
+            "targets": {
+                **(
+                    {"val_loss": ["<=", VAL_TARGETS[preset, budget]]}
+                    if (preset, budget) in VAL_TARGETS
+                    else {}
+                ),
+                **({"train_seconds": ["<=", budget]} if budget else {}),
+                "kv_identical": ["==", True],
+            },
+            "fitted_seconds": (fit_seconds if step_seconds else None),
+            "probed_ms_per_step": round(step_seconds * 1e3, 3) if step_seconds else None,
             "preset": preset,
             "device": str(device),
             "machine": machine(device),
@@ -122,6 +177,7 @@ def main() -> None:
             "steps": hist.steps_done,
             "train_seconds": round(hist.seconds, 2),
             "train_settings": dataclasses.asdict(recipe.train),
+            "model": dataclasses.asdict(model.config),
             "batch_size": B,
             "tokens_per_s": round(tokens_per_s, 1),
             "ms_per_step": round(hist.seconds / hist.steps_done * 1e3, 3),

@@ -109,6 +109,19 @@ def test_lm_bench():
         pytest.skip("no local copy of tiny-shakespeare (set TRANSFORMER_COURSE_DATA)")
     r, _ = run_bench("lm.py", "--steps", "3", "--eval-batches", "2", "--new-tokens", "20")
     assert r["kv_identical"] is True and r["steps"] == 3 and r["val_loss"] > 0
+    assert r["fitted_seconds"] is None  # --steps runs the recipe as it is
+
+
+def test_lm_bench_fits_the_recipe_to_a_time():
+    needs_corpus()
+    r, printed = run_bench(
+        "lm.py",
+        *("--preset", "minute", "--seconds", "5", "--eval-batches", "2", "--new-tokens", "20"),
+    )
+    fitted = r["train_settings"]
+    assert r["fitted_seconds"] == fitted["time_budget_s"] == 5 and "fitted to 5 s" in printed
+    assert 10 <= r["steps"] <= fitted["max_steps"] == fitted["eval_interval"]
+    assert r["targets"]["train_seconds"] == ["<=", 5] and "val_loss" not in r["targets"]
 
 
 def test_decode_bench():
@@ -120,6 +133,9 @@ def test_decode_bench():
     )
     assert r["identical"] is True and set(r["by_batch"]) == {"2"}
     assert r["speed_vs_hf"] > 0 and r["bound_ratio"] > 0 and r["train_speed_vs_nanogpt"] > 0
+    profile = r["profile_per_token"]
+    assert profile["ops"] and all(op["us_per_token"] > 0 for op in profile["ops"])
+    assert profile["ms_per_token_in_ops"] > 0 and r["by_batch"]["2"]["hf_cached_tokens_per_s"] > 0
 
 
 def needs_corpus():

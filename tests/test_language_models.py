@@ -24,6 +24,7 @@ from transformer_course.language_models import (
     bigram_log_probs,
     bits_per_token,
     continuation_loss,
+    fit_to_time,
     generate,
     generate_text,
     generate_with_logits,
@@ -390,6 +391,28 @@ def test_the_recipe_trains_a_model_that_beats_the_uniform_guess():
     assert run.history.steps_done == 30 and run.model.config.vocab_size == 65
     assert run.val_loss < math.log(65) - 0.5, run.history.evals
     assert run.history.evals["val_loss"] == [run.val_loss]  # eval_interval 400: only at the end
+
+
+def test_a_recipe_fitted_to_a_time_keeps_its_settings_and_its_whole_schedule_inside_it():
+    """``fit_to_time`` times the step, then changes only the step count (90 % of what fits), the
+    warm-up (at most a tenth of it), the evaluation (once, at the end) and the guard; it refuses a time
+    that holds fewer than ten steps and a probe too short to time."""
+    recipe = dataclasses.replace(SHAKESPEARE_CPU_RECIPE, model=TINY, batch_size=4)
+    fitted, step_seconds = fit_to_time(recipe, 30.0)  # only the probe runs: 30 steps of TINY
+    steps = fitted.train.max_steps
+    assert steps == int(0.9 * 30.0 / step_seconds) >= 10
+    assert fitted.train.warmup_steps == min(recipe.train.warmup_steps, steps // 10)
+    assert (fitted.train.eval_interval, fitted.train.time_budget_s) == (steps, 30.0)
+    changed = ("max_steps", "warmup_steps", "eval_interval", "time_budget_s")
+    assert (
+        dataclasses.replace(fitted.train, **{k: getattr(recipe.train, k) for k in changed})
+        == recipe.train
+    )
+    assert dataclasses.replace(fitted, train=recipe.train) == recipe
+    with pytest.raises(ValueError, match="fit only"):
+        fit_to_time(recipe, 1e-4)
+    with pytest.raises(ValueError, match="probe_steps"):
+        fit_to_time(recipe, 30.0, probe_steps=9)
 
 
 def test_the_chapters_model_is_the_cpu_model_at_half_the_width():

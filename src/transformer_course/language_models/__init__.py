@@ -15,7 +15,8 @@ Chapter: *Autoregressive language models* (Turner 2023 sec. 4.1; MIT 6.390 sec. 
 * :mod:`.evaluation`: perplexity, bits per token, the unigram and bigram baselines the GPT is measured
   against, and the attention maps of every head;
 * :mod:`.exposure`: the measurements of the section on exposure bias;
-* :mod:`.recipe`: the CPU and GPU recipes; :func:`train_scratch_gpt`, the run of the chapter and its
+* :mod:`.recipe`: the CPU, minute and GPU recipes, :func:`fit_to_time` (a recipe's step count fitted
+  to a time on this machine); :func:`train_scratch_gpt`, the run of the chapter and its
   lab (``scratch/gpt.py``'s GPT and loop), and :func:`train_char_lm`, the package's GPT with the shared
   loop (``bench/lm.py`` and the chapters that compare models).
 
@@ -68,9 +69,11 @@ from .recipe import (
     SHAKESPEARE_CHAPTER_RECIPE,
     SHAKESPEARE_CPU_RECIPE,
     SHAKESPEARE_GPU_RECIPE,
+    SHAKESPEARE_MINUTE_RECIPE,
     LMRecipe,
     LMRun,
     ScratchRun,
+    fit_to_time,
     shakespeare_split,
     train_char_lm,
     train_scratch_gpt,
@@ -85,6 +88,7 @@ __all__ = [
     "SHAKESPEARE_CPU_RECIPE",
     "SHAKESPEARE_GPU",
     "SHAKESPEARE_GPU_RECIPE",
+    "SHAKESPEARE_MINUTE_RECIPE",
     "TINY",
     "GPTConfig",
     "KVCache",
@@ -95,6 +99,7 @@ __all__ = [
     "bigram_log_probs",
     "bits_per_token",
     "continuation_loss",
+    "fit_to_time",
     "generate",
     "generate_bigram",
     "generate_text",
