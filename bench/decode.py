@@ -16,7 +16,7 @@ of ``--repeats`` runs after a warm-up:
   can beat it at batch 1. Target: ``ms_per_token / bound_ms <= 3``.
 * the machine's matrix-multiply peak (a large square product), for the roofline picture of chapter 7;
 * where a token's time goes: the profiler's table of the course's cached decoding per token, and the
-  time spent outside every PyTorch operation (Python and dispatch);
+  time spent outside every PyTorch operation (Python, dispatch, the profiler's bookkeeping);
 * at batch 8 and 48 (``--batches``): tokens/s with and without the cache and the cache's speed-up over
   ``--sweep-tokens`` new tokens, whether the tokens are identical, and Hugging Face's cached tokens/s;
 * training: steps/s of the course's GPT at this size (dropout 0.2, as the preset) against a minimal
@@ -68,18 +68,22 @@ def streaming_bound_seconds(n_params: int, d: int, device: torch.device, repeats
     return best_seconds(lambda: torch.mv(W, x), device, max(repeats, 20))
 
 
-def per_token_profile(run, n_new: int, rows: int = 10) -> dict:
+def per_token_profile(run, n_new: int, device: torch.device, rows: int = 10) -> dict:
     """Where a generated token's time goes: ``torch.profiler`` over one call of ``run`` (a generation
-    of ``n_new`` tokens), each PyTorch operation's self CPU time and calls per token, the ``rows``
-    largest; the wall time per token with the profiler on; and the part of it spent outside every
-    operation (Python, the modules' calls, dispatch). The profiler's own cost per operation inflates
-    the small ones, so the wall time with it on is reported beside the timed figure."""
+    of ``n_new`` tokens), each PyTorch operation's self time on the CPU and calls per token, the
+    ``rows`` largest; the wall time per token with the profiler on; and the part of it spent outside
+    every operation (Python, the modules' calls, part of PyTorch's dispatch, and the profiler's own
+    bookkeeping). The profiler's cost per operation inflates the small ones, so the wall time with it
+    on is reported beside the timed figure. On a GPU the times are the CPU's side only: launching the
+    kernels, not running them."""
     from torch.profiler import ProfilerActivity, profile
 
     run()  # warm
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        sync(device)
         t0 = time.perf_counter()
         run()
+        sync(device)
         wall = time.perf_counter() - t0
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -189,7 +193,7 @@ def main() -> None:
         "(target <= 3)"
     )
     print(f"matrix-multiply peak: {peak / 1e9:.1f} GFLOP/s (2048 x 2048 float32)")
-    profiled = per_token_profile(run_ours, n_new)
+    profiled = per_token_profile(run_ours, n_new, device)
     print(
         f"profile of the course's cached decoding, per token: {profiled['ms_per_token_profiled']:.3f} "
         f"ms with the profiler on, {profiled['ms_per_token_in_ops']:.3f} ms inside PyTorch operations, "

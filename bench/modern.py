@@ -36,7 +36,12 @@ from common import report
 
 import transformer_course as tc
 from transformer_course.extensions import MODERN_CPU_RECIPE, rope_scheme, train_modern_lm
-from transformer_course.language_models import SHAKESPEARE_CPU_RECIPE, generate, train_char_lm
+from transformer_course.language_models import (
+    SHAKESPEARE_CPU_RECIPE,
+    generate,
+    seconds_per_step,
+    train_char_lm,
+)
 from transformer_course.runtime import machine
 
 MODELS = {
@@ -46,12 +51,10 @@ MODELS = {
 
 
 def steps_per_second(name: str, steps: int, device: torch.device) -> float:
-    """Training steps per second of model ``name``: the difference between a run of ``steps`` steps
-    and one of ``steps // 4``, so that one-time costs (the first steps are slow) cancel."""
+    """Training steps per second of model ``name`` (``tc.language_models.seconds_per_step``: a run
+    of ``steps`` steps against one of ``steps // 4``, so that one-time costs cancel)."""
     recipe, run_fn = MODELS[name]
-    recipe = dataclasses.replace(recipe, eval_batches=1)
-    short, long = (run_fn(recipe, device, steps=n, seed=1000).history for n in (steps // 4, steps))
-    return (long.steps_done - short.steps_done) / (long.seconds - short.seconds)
+    return 1 / seconds_per_step(recipe, device, steps, run=run_fn)
 
 
 def length_experiment(setting: str, quick: bool, device: torch.device) -> dict | None:

@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import itertools
 import math
+import types
 
 import pytest
 import torch
@@ -33,6 +34,7 @@ from transformer_course.language_models import (
     positions_processed,
     replace_prefix_tokens,
     sample_under_teacher_forcing,
+    seconds_per_step,
     teacher_forced_vs_free_running,
     train_char_lm,
     unigram_log_probs,
@@ -394,25 +396,37 @@ def test_the_recipe_trains_a_model_that_beats_the_uniform_guess():
 
 
 def test_a_recipe_fitted_to_a_time_keeps_its_settings_and_its_whole_schedule_inside_it():
-    """``fit_to_time`` times the step, then changes only the step count (90 % of what fits), the
-    warm-up (at most a tenth of it), the evaluation (once, at the end) and the guard; it refuses a time
-    that holds fewer than ten steps and a probe too short to time."""
-    recipe = dataclasses.replace(SHAKESPEARE_CPU_RECIPE, model=TINY, batch_size=4)
-    fitted, step_seconds = fit_to_time(recipe, 30.0)  # only the probe runs: 30 steps of TINY
-    steps = fitted.train.max_steps
-    assert steps == int(0.9 * 30.0 / step_seconds) >= 10
-    assert fitted.train.warmup_steps == min(recipe.train.warmup_steps, steps // 10)
-    assert (fitted.train.eval_interval, fitted.train.time_budget_s) == (steps, 30.0)
+    """``seconds_per_step`` is the time of the steps a long run takes beyond a short one (a fake run
+    of 2 s of set-up plus 50 ms a step: exactly 50 ms); ``fit_to_time`` then changes only the step
+    count (90 % of what fits), the warm-up (at most a tenth of it), the evaluation (once, at the end)
+    and the guard (one step short of the time), and refuses a time that holds fewer than ten steps."""
+
+    def fake_run(recipe, device, steps, seed):  # train_char_lm's signature
+        history = tc.train.History(seconds=2.0 + 0.05 * steps, steps_done=steps)
+        return types.SimpleNamespace(history=history)
+
+    recipe = SHAKESPEARE_CPU_RECIPE
+    assert seconds_per_step(recipe, run=fake_run) == pytest.approx(0.05)
+    fitted, step_seconds = fit_to_time(recipe, 30.0, run=fake_run)
+    assert step_seconds == pytest.approx(0.05) and fitted.train.max_steps == 540  # 0.9 * 30 / 0.05
+    assert fitted.train.warmup_steps == min(recipe.train.warmup_steps, 54) == 54
+    assert fitted.train.eval_interval == 540 and fitted.train.time_budget_s == pytest.approx(29.95)
     changed = ("max_steps", "warmup_steps", "eval_interval", "time_budget_s")
-    assert (
-        dataclasses.replace(fitted.train, **{k: getattr(recipe.train, k) for k in changed})
-        == recipe.train
-    )
-    assert dataclasses.replace(fitted, train=recipe.train) == recipe
-    with pytest.raises(ValueError, match="fit only"):
-        fit_to_time(recipe, 1e-4)
-    with pytest.raises(ValueError, match="probe_steps"):
-        fit_to_time(recipe, 30.0, probe_steps=9)
+    unchanged = dataclasses.replace(fitted.train, **{k: getattr(recipe.train, k) for k in changed})
+    assert unchanged == recipe.train and dataclasses.replace(fitted, train=recipe.train) == recipe
+    with pytest.raises(ValueError, match="only 9 steps"):
+        fit_to_time(recipe, 0.5, run=fake_run)
+    with pytest.raises(ValueError, match="at least 8 steps"):
+        seconds_per_step(recipe, steps=7, run=fake_run)
+
+
+def test_seconds_per_step_times_the_real_training_loop():
+    try:
+        tc.data.tinyshakespeare_path(download=False)
+    except FileNotFoundError:
+        pytest.skip("no local copy of tiny-shakespeare (set TRANSFORMER_COURSE_DATA)")
+    tiny = dataclasses.replace(SHAKESPEARE_CPU_RECIPE, model=TINY, batch_size=4)
+    assert 0 < seconds_per_step(tiny, steps=8) < 5
 
 
 def test_the_chapters_model_is_the_cpu_model_at_half_the_width():

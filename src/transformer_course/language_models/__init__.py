@@ -15,10 +15,10 @@ Chapter: *Autoregressive language models* (Turner 2023 sec. 4.1; MIT 6.390 sec. 
 * :mod:`.evaluation`: perplexity, bits per token, the unigram and bigram baselines the GPT is measured
   against, and the attention maps of every head;
 * :mod:`.exposure`: the measurements of the section on exposure bias;
-* :mod:`.recipe`: the CPU, minute and GPU recipes, :func:`fit_to_time` (a recipe's step count fitted
-  to a time on this machine); :func:`train_scratch_gpt`, the run of the chapter and its
-  lab (``scratch/gpt.py``'s GPT and loop), and :func:`train_char_lm`, the package's GPT with the shared
-  loop (``bench/lm.py`` and the chapters that compare models).
+* :mod:`.recipe`: the CPU, minute and GPU recipes, :func:`seconds_per_step` and :func:`fit_to_time`
+  (a recipe's step count fitted to a time on this machine); :func:`train_scratch_gpt`, the run of the
+  chapter and its lab (``scratch/gpt.py``'s GPT and loop), and :func:`train_char_lm`, the package's
+  GPT with the shared loop (``bench/lm.py`` and the chapters that compare models).
 
 The key-value cache, :class:`KVCache`, is taught here but lives in :mod:`..kv_cache`, shared
 infrastructure below the layers that take it (:mod:`..multihead`, :mod:`..block`). The from-scratch GPT
@@ -74,6 +74,7 @@ from .recipe import (
     LMRun,
     ScratchRun,
     fit_to_time,
+    seconds_per_step,
     shakespeare_split,
     train_char_lm,
     train_scratch_gpt,
@@ -115,6 +116,7 @@ __all__ = [
     "sample_under_teacher_forcing",
     "scratch_names",
     "scratch_state_dict",
+    "seconds_per_step",
     "shakespeare_split",
     "side_by_side",
     "teacher_forced_vs_free_running",

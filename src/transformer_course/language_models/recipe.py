@@ -1,5 +1,6 @@
 """The recipe of chapter *Autoregressive language models*: a character-level GPT trained on
-tiny-shakespeare, with the CPU and GPU recipes that ``bench/lm.py`` measures.
+tiny-shakespeare, with the recipes that ``bench/lm.py`` measures (CPU, minute, GPU) and
+:func:`fit_to_time`, which fits a recipe's step count to a time on this machine.
 
 Two runs use them. :func:`train_scratch_gpt` trains the model the chapter shows, ``scratch/gpt.py``'s
 GPT, with that file's own loop (``scratch.gpt.train``): the chapter, its *Going deeper* page and lab 7
@@ -11,9 +12,7 @@ benchmarks and the chapters that compare models use it."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import pathlib
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ __all__ = [
     "LMRun",
     "ScratchRun",
     "fit_to_time",
+    "seconds_per_step",
     "shakespeare_split",
     "train_char_lm",
     "train_scratch_gpt",
@@ -61,14 +61,14 @@ SHAKESPEARE_CPU_RECIPE = LMRecipe(
     batch_size=64,
 )  # fmt: skip
 """The CPU recipe: two minutes of 2 cores (``bench/lm.py``, which fits its step count to 120 s of the
-machine it runs on with :func:`fit_to_time`; the issue's target is a validation loss <= 1.55 there).
+machine it runs on with :func:`fit_to_time`; its target there: a validation loss <= 1.55).
 
 Its own 1,000 steps of 64 windows took 63 s on the 2-core Intel Xeon where it was tuned (validation
 loss 1.656) and 165 s on a 2-core AMD EPYC (1.650): a fixed step count means a different time on
 every machine, which is why the benchmark fits the steps to the time instead. Fitted to 120 s on the
-AMD EPYC (step about 120-136 ms): 883 steps, 1.675. The chapters that compare models at equal
-settings (:mod:`..extensions`, :mod:`..training.scaling`, :mod:`..masked`, :mod:`..claims`) use it as
-it is."""
+AMD EPYC (step about 120-136 ms): 883 steps, 1.675. Other chapters build on it as it is: the
+modern model of :mod:`..extensions` takes its optimisation settings and batch, the scaling study of
+:mod:`..training.scaling` starts from it, and :mod:`..masked`'s GPT repeats its values."""
 SHAKESPEARE_MINUTE_RECIPE = LMRecipe(
     model=SHAKESPEARE_CHAPTER,
     train=TrainConfig(
@@ -77,7 +77,7 @@ SHAKESPEARE_MINUTE_RECIPE = LMRecipe(
     ),
     batch_size=64,
 )  # fmt: skip
-"""A minute of 2 cores (``bench/lm.py --preset minute``, fitted to 60 s; the issue's target is a
+"""A minute of 2 cores (``bench/lm.py --preset minute``, fitted to 60 s; its target there: a
 validation loss <= 1.70): the chapter's model (width 64) at its peak rate, with 64 windows a step.
 
 Measured on a 2-core AMD EPYC, each fitted to 60 s by :func:`fit_to_time` (validation loss, steps):
@@ -191,63 +191,65 @@ def train_char_lm(
     return LMRun(model, tok, history, train_ids, val_ids)
 
 
-def fit_to_time(
-    recipe: LMRecipe, seconds: float, device: torch.device | str = "cpu", probe_steps: int = 30
-) -> tuple[LMRecipe, float]:
-    """``recipe`` with as many steps as fit in ``seconds`` of training on this machine, and the
-    measured seconds per step: a fixed time instead of a fixed step count, with the whole schedule
-    (warm-up, cosine decay to ``min_lr``) inside it, on a fast machine and a slow one alike.
-
-    The step is timed first: :func:`..train.train` runs ``probe_steps`` steps of the recipe's model
-    (the package's :class:`.model.GPT`) on batches of random tokens of the recipe's shape, and the
-    median time between the ends of consecutive steps after the first five is the step's time. The
-    recipe keeps everything but ``max_steps``, 90 % of what fits; the warm-up, at most a tenth of
-    that; one evaluation, at the end; and ``time_budget_s = seconds``, a guard that stops the run if
-    the machine slows down by more than the margin. On a 2-core AMD EPYC, over nine runs of 40 to
-    140 s, a run's mean step was between 12 % shorter and 32 % longer than the probe's: that
-    machine's speed drifts by that much within minutes. The run that follows is an ordinary run of a
-    fixed number of steps: seeded, resumable, the same on every rank.
+def seconds_per_step(
+    recipe: LMRecipe, device: torch.device | str = "cpu", steps: int = 40, run=None
+) -> float:
+    """The seconds one training step of ``recipe`` takes on this machine: the difference between a
+    run of ``steps`` steps and one of ``steps // 4`` by ``run`` (default :func:`train_char_lm`; any
+    function called as it is, such as :func:`..extensions.train_modern_lm`), each evaluated on one
+    batch, divided by the difference in steps, so that the one-time costs of a run (building the data
+    and the model, the first slow steps, the evaluation) cancel.
 
     Raises:
-        ValueError: ``seconds`` leaves no room for ten steps, or ``probe_steps < 10``.
+        ValueError: ``steps < 8``.
     """
-    if probe_steps < 10:
+    if steps < 8:
         raise ValueError(
-            f"probe_steps must be >= 10 (the first five are not timed), got {probe_steps}"
+            f"time at least 8 steps (the short run takes a quarter of them), got {steps}"
         )
-    C, B = recipe.model.block_size, recipe.batch_size
-    tokens = torch.randint(
-        0, recipe.model.vocab_size, (4 * C * B,), generator=torch.Generator().manual_seed(0)
-    )
-    ends: list[float] = []
+    run = train_char_lm if run is None else run
+    probe = dataclasses.replace(recipe, eval_batches=1)
+    short, long = (run(probe, device, steps=n, seed=1000).history for n in (steps // 4, steps))
+    return (long.seconds - short.seconds) / (long.steps_done - short.steps_done)
 
-    def step_ended(model: nn.Module) -> dict[str, float]:  # called after every step
-        ends.append(time.perf_counter())
-        return {}
 
-    train(
-        GPT(recipe.model).to(device),
-        lambda g: get_batch(tokens, C, B, g, device),
-        lambda m, b: m(*b)[1],
-        dataclasses.replace(
-            recipe.train, max_steps=probe_steps, time_budget_s=None, eval_interval=1
-        ),
-        step_ended,
-        progress=False,
-    )
-    step_seconds = statistics.median(b - a for a, b in itertools.pairwise(ends[4:]))
-    steps = int(0.9 * seconds / step_seconds)
+def fit_to_time(
+    recipe: LMRecipe,
+    seconds: float,
+    device: torch.device | str = "cpu",
+    run=None,
+    margin: float = 0.9,
+) -> tuple[LMRecipe, float]:
+    """``recipe`` with as many steps as fit in ``seconds`` of training on this machine, and the
+    measured seconds per step (:func:`seconds_per_step`, with the same ``run``): a time instead of a
+    step count, so that a fast machine and a slow one both reach the end of the schedule (warm-up,
+    cosine decay to ``min_lr``) within about the same time.
+
+    The recipe keeps everything but: ``max_steps``, a ``margin`` of what fits (the machine's speed
+    drifts: on a 2-core AMD EPYC, over nine runs of 40 to 140 s, a run's mean step was between 12 %
+    shorter and 32 % longer than its probe's); the warm-up, capped at a tenth of the steps; one
+    evaluation, at the end; and ``time_budget_s``, one step short of ``seconds``, a guard that ends a
+    run whose machine slowed down by more than the margin before its schedule is done (so
+    ``seconds`` is never exceeded by more than a step's drift). The fitted recipe is an ordinary one:
+    to resume a run from its checkpoint, keep it (fitting again gives another step count, which
+    resuming refuses). Fit in one process: under ``torchrun`` every rank would time its own steps.
+
+    Raises:
+        ValueError: fewer than ten steps fit in ``margin * seconds``.
+    """
+    step_seconds = seconds_per_step(recipe, device, run=run)
+    steps = int(margin * seconds / step_seconds)
     if steps < 10:
         raise ValueError(
-            f"{seconds} s fit only {steps} steps of {step_seconds:.3f} s on this machine; give more "
-            "time or a smaller recipe"
+            f"{margin:.0%} of {seconds:g} s holds only {steps} steps of {step_seconds:.3f} s on this "
+            "machine; give more time or a smaller recipe"
         )
     train_cfg = dataclasses.replace(
         recipe.train,
         max_steps=steps,
         warmup_steps=min(recipe.train.warmup_steps, steps // 10),
         eval_interval=steps,
-        time_budget_s=seconds,
+        time_budget_s=seconds - step_seconds,
     )
     return dataclasses.replace(recipe, train=train_cfg), step_seconds
 
