@@ -6,7 +6,7 @@
 
 Times forward + backward of ``tc.multihead.SelfAttention`` and ``torch.nn.MultiheadAttention``
 (``batch_first=True``, ``need_weights=False``, identical weights) at B=8, N=256, D=256, H=8, in one
-process, alternating the two, and reports the ratio of medians (course / torch; target <= 1.05 on CPU).
+process, alternating the two, and reports the ratio of medians (course / torch; target <= 0.80 on CPU).
 A third contender is the layer a user writes on ``F.scaled_dot_product_attention`` (``bench/baselines.py``;
 target: course / it <= 1.1). ``--dtype bfloat16`` runs all three with bfloat16 weights and inputs.
 Also reports the largest absolute difference between the reference and efficient single-head paths in
@@ -109,7 +109,7 @@ def main() -> None:
         f"torch, need_weights=True       : {med['torch_need_weights'] * 1e3:8.2f} ms (its default)"
     )
     print(f"layer on F.scaled_dot_product_attention: {med['sdpa'] * 1e3:8.2f} ms")
-    print(f"ratio course / torch           : {ratio:.3f} (target <= 1.05)")
+    print(f"ratio course / torch           : {ratio:.3f} (target <= 0.80)")
     print(f"ratio course / SDPA layer      : {ratio_sdpa:.3f} (target <= 1.1)")
     print(f"max |course - SDPA layer|      : {agree:.2e} ({args.dtype}, forward)")
     print(
@@ -118,7 +118,7 @@ def main() -> None:
     report(
         {
             "targets": {
-                "mhsa_vs_torch_ratio": ["<=", 1.05],
+                "mhsa_vs_torch_ratio": ["<=", 0.80],
                 "mhsa_vs_sdpa_ratio": ["<=", 1.1],
                 "reference_max_abs_err_fp32": ["<=", 1e-5],
             },

@@ -10,10 +10,10 @@ of ``--repeats`` runs after a warm-up:
 * tokens/s (the best run; the median is recorded too) of the course's cached decoding
   (``tc.language_models.generate``) and of Hugging Face ``transformers``' ``GPT2LMHeadModel`` of the
   same sizes (``generate(use_cache=True, do_sample=False)``), alternating in one run. Target:
-  ``speed_vs_hf >= 1.25``.
+  ``speed_vs_hf >= 1.5``.
 * the weight-streaming bound: the time of one matrix-vector product over a single matrix holding as
   many bytes as all the model's weights. A generated token must read every weight once, so no decoder
-  can beat it at batch 1. Target: ``ms_per_token / bound_ms <= 3``.
+  can beat it at batch 1. Target: ``ms_per_token / bound_ms <= 2``.
 * the machine's matrix-multiply peak (a large square product), for the roofline picture of chapter 7;
 * where a token's time goes: the profiler's table of the course's cached decoding per token, and the
   time spent outside every PyTorch operation (Python, dispatch, the profiler's bookkeeping);
@@ -186,11 +186,11 @@ def main() -> None:
     print(
         f"  Hugging Face GPT-2    {n_new / t_hf:7.1f} tokens/s   {t_hf / n_new * 1e3:6.3f} ms/token"
     )
-    print(f"  speed vs Hugging Face {t_hf / t_ours:.2f}x (target >= 1.25)")
+    print(f"  speed vs Hugging Face {t_hf / t_ours:.2f}x (target >= 1.5)")
     print(
         f"weight-streaming bound: one mat-vec over {weight_bytes / 1e6:.1f} MB takes {bound_ms:.3f} ms "
         f"({weight_bytes / bound_ms / 1e6:.1f} GB/s); course / bound = {ms_per_token / bound_ms:.2f} "
-        "(target <= 3)"
+        "(target <= 2)"
     )
     print(f"matrix-multiply peak: {peak / 1e9:.1f} GFLOP/s (2048 x 2048 float32)")
     profiled = per_token_profile(run_ours, n_new, device)
@@ -267,8 +267,8 @@ def main() -> None:
     report(
         {
             "targets": {
-                "speed_vs_hf": [">=", 1.25],
-                "bound_ratio": ["<=", 3.0],
+                "speed_vs_hf": [">=", 1.5],
+                "bound_ratio": ["<=", 2.0],
                 "identical": ["==", True],
                 "train_speed_vs_nanogpt": [">=", 0.97],
             },
