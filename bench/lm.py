@@ -34,6 +34,7 @@ from common import bf16_dense_peak, report, sync
 
 import transformer_course as tc
 from transformer_course.language_models import (
+    FIT_MARGIN,
     SHAKESPEARE_CPU_RECIPE,
     SHAKESPEARE_GPU_RECIPE,
     SHAKESPEARE_MINUTE_RECIPE,
@@ -54,11 +55,13 @@ FITTED_ON_CPU = {"cpu", "minute"}  # the presets fitted to their budget on a CPU
 VAL_TARGETS = {("cpu", "cpu", 120): 1.55, ("cpu", "minute", 60): 1.70, ("cuda", "gpu", 60): 1.47}
 
 
-def settings(flag: str, items: list[str], current) -> dict:
+def settings(flag: str, items: list[str], current, refused: tuple[str, ...] = ()) -> dict:
     """``["lr=1e-2", "betas=(0.9, 0.95)", "tie_weights=False"]`` as changes of the dataclass
-    ``current``: each value read as a Python literal (a number, a tuple, ``True``, ``None``), or else
-    kept as text (``autocast=bfloat16``). Raises ``SystemExit`` naming ``flag`` and the setting."""
-    fields = {f.name for f in dataclasses.fields(current)}
+    ``current``: each value read as a Python literal (a number, a tuple, ``True``, ``None``); text is
+    kept as text only for a setting whose value is text (``autocast=bfloat16``). A number must
+    replace a number and a truth value a truth value. Raises ``SystemExit`` naming ``flag`` and the
+    setting that is wrong, or one of ``refused`` (settings another part of the run decides)."""
+    fields = {f.name for f in dataclasses.fields(current)} - set(refused)
     changes = {}
     for item in items:
         name, sep, text = item.partition("=")
@@ -66,10 +69,22 @@ def settings(flag: str, items: list[str], current) -> dict:
             raise SystemExit(
                 f"{flag} {item!r}: write SETTING=VALUE with SETTING one of {sorted(fields)}"
             )
+        old = getattr(current, name)
         try:
-            changes[name] = ast.literal_eval(text)
+            value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            changes[name] = text
+            if not isinstance(old, str):
+                raise SystemExit(f"{flag} {item!r}: {text!r} is not a Python value") from None
+            value = text
+        number = (int, float)
+        wrong_kind = (isinstance(old, bool) and not isinstance(value, bool)) or (
+            isinstance(old, number)
+            and not isinstance(old, bool)
+            and (isinstance(value, bool) or not isinstance(value, number))
+        )
+        if wrong_kind:
+            raise SystemExit(f"{flag} {item!r}: {name} is {old!r}, so give a value of that kind")
+        changes[name] = value
     return changes
 
 
@@ -126,6 +141,7 @@ def main() -> None:
         recipe = dataclasses.replace(recipe, eval_batches=args.eval_batches)
     if args.train:
         recipe = recipe.with_train(**settings("--train", args.train, recipe.train))
+    studied = bool(args.train or args.model or args.batch or args.eval_batches)
     if args.batch:
         recipe = dataclasses.replace(recipe, batch_size=args.batch)
     if args.model:
@@ -153,17 +169,24 @@ def main() -> None:
         recipe, step_seconds = fit_to_time(recipe, fit_seconds, device)
         print(
             f"fitted to {fit_seconds:g} s: a step takes {step_seconds * 1e3:.1f} ms here, so "
-            f"{recipe.train.max_steps} steps (90 %), {recipe.train.warmup_steps} of warm-up, "
+            f"{recipe.train.max_steps} steps ({FIT_MARGIN:.0%}), {recipe.train.warmup_steps} of warm-up, "
             f"stopped after {recipe.train.time_budget_s:.1f} s if the machine slows down"
         )
     budget = fit_seconds or recipe.train.time_budget_s  # the time the run is measured against
-    val_target = VAL_TARGETS.get((device.type, preset, budget)) if args.steps is None else None
-    print(f"recipe: {recipe.with_steps(args.steps)}")
-    run = train_char_lm(recipe, device, steps=args.steps)
+    targeted = args.steps is None and not studied  # the preset as it is: its targets apply
+    val_target = VAL_TARGETS.get((device.type, preset, budget)) if targeted else None
+    recipe = recipe.with_steps(args.steps)
+    print(f"recipe: {recipe}")
+    run = train_char_lm(recipe, device, seed=recipe.train.seed)
     hist, model, tok = run.history, run.model, run.tokenizer
     print(f"model: {model.num_params():,} parameters")
     print(
         f"trained {hist.steps_done} steps in {hist.seconds:.1f} s; validation loss {run.val_loss:.4f}"
+    )
+    # a fitted run's guard stops a step short of its time; an unfitted run's loop stops after the
+    # step that crosses its budget, which may end up to one step past it
+    limit = (
+        budget if step_seconds or not budget else round(budget + hist.seconds / hist.steps_done, 2)
     )
     B, C = recipe.batch_size, model.config.block_size
     tokens_per_s = hist.steps_done * B * C / hist.seconds
@@ -199,7 +222,7 @@ def main() -> None:
         {
             "targets": {
                 **({"val_loss": ["<=", val_target]} if val_target else {}),
-                **({"train_seconds": ["<=", budget]} if budget and args.steps is None else {}),
+                **({"train_seconds": ["<=", limit]} if limit and args.steps is None else {}),
                 "kv_identical": ["==", True],
             },
             "fitted_seconds": (fit_seconds if step_seconds else None),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, as one call on a lent GPU machine (the device tool's `run`), from the repository root:
 # the CUDA tests, the labs under nbval on CUDA (with the device log proving they ran there), and the GPU
-# benchmarks. Each log goes to $OUT (7 files; at most 8 come back). That machine reaches no registry;
+# benchmarks. Each log goes to $OUT (7 files, the device log included; at most 8 come back). That machine reaches no registry;
 # its image holds PyTorch, transformers, numpy, matplotlib, scikit-learn, tqdm, pytest and pytest-xdist
 # (the device tool's KINDS.md lists it), but not nbval, the Jupyter kernel or their dependencies, which
 # travel as wheels. Prepared here first:
@@ -15,9 +15,10 @@
 #     jedi parso pexpect ptyprocess prompt_toolkit wcwidth stack-data executing asttokens pure_eval
 #   mkdir -p .gpudata/tinyshakespeare && cp "$TRANSFORMER_COURSE_DATA"/tinyshakespeare/input.txt .gpudata/tinyshakespeare/
 #
-# then run `bash scripts/gpu_checks.sh 2>&1` there with carry [".whl", ".gpudata"]. About 7 minutes are
-# expected; the steps' own limits add up to 600 s, the most one call may take. The bench logs' last lines
-# are the JSON for bench/results/cuda/.
+# then run `BENCH_COMMIT=<git rev-parse --short HEAD here> bash scripts/gpu_checks.sh 2>&1` there with
+# carry [".whl", ".gpudata"] (the results name that commit when the copy there has no .git). About 7
+# minutes are expected; the steps' own limits add up to 585 s, under the 600 s one call may take. The
+# bench logs' last lines are the JSON for bench/results/cuda/.
 set -u
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 T0=$(date +%s)
@@ -40,11 +41,13 @@ tail -5 "$OUT/pytest_cuda.log"
 t "the labs under nbval on CUDA"
 (
   export TRANSFORMER_COURSE_DEVICE=cuda TRANSFORMER_COURSE_DEVICE_LOG=/tmp/devices.log LAB_BUDGET_S=600
+  export OMP_NUM_THREADS=2 # eight kernels at once on 16 cores
   rm -f /tmp/devices.log
-  timeout 165 python3 -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
+  timeout 150 python3 -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
     -p no:cacheprovider -n 8 --dist loadfile notebooks >"$OUT/nbval.log" 2>&1
   echo "nbval: exit status $?"
   python3 scripts/check_device_log.py /tmp/devices.log notebooks
+  cp /tmp/devices.log "$OUT/devices.log" 2>/dev/null
 )
 tail -25 "$OUT/nbval.log"
 
@@ -52,7 +55,7 @@ t "bench/lm.py, the GPU recipe"
 timeout 100 python3 bench/lm.py --device cuda >"$OUT/lm.log" 2>&1
 t "exit status $?"
 grep -v '^{' "$OUT/lm.log" | tail -14
-t "bench/lm.py, nanoGPT's schedule (lr 1e-3 to 1e-4 over 5,000 steps) within the same budget"
+t "bench/lm.py, nanoGPT's schedule (lr 1e-3 to 1e-4 over 5,000 steps) in the same 60-s guard (which may cut its decay)"
 timeout 100 python3 bench/lm.py --device cuda --train lr=1e-3 min_lr=1e-4 max_steps=5000 >"$OUT/lm_nanogpt.log" 2>&1
 t "exit status $?"
 grep -v '^{' "$OUT/lm_nanogpt.log" | tail -14

@@ -122,7 +122,7 @@ def test_lm_bench_fits_the_recipe_to_a_time():
     assert r["fitted_seconds"] == 5 and "fitted to 5 s" in printed
     assert fitted["max_steps"] == fitted["eval_interval"] >= 10
     assert fitted["time_budget_s"] == pytest.approx(5 - r["probed_ms_per_step"] / 1e3, abs=1e-3)
-    assert r["targets"]["train_seconds"] == ["<=", 5] and "val_loss" not in r["targets"]
+    assert r["targets"]["train_seconds"] == ["<=", 5] and "val_loss" not in r["targets"]  # a study
 
 
 def test_lm_bench_reads_settings_as_python_values_and_names_a_wrong_one():
@@ -139,9 +139,13 @@ def test_lm_bench_reads_settings_as_python_values_and_names_a_wrong_one():
     assert lm.settings("--model", ["tie_weights=False"], tc.language_models.TINY) == {
         "tie_weights": False
     }
-    for wrong in (["learning_rate=1e-2"], ["lr"]):
+    wrong = (["learning_rate=1e-2"], ["lr"], ["lr=1e-2x"], ["lr=True"], ["max_steps=many"])
+    for items in wrong:
         with pytest.raises(SystemExit, match="--train"):
-            lm.settings("--train", wrong, cfg)
+            lm.settings("--train", items, cfg)
+    for items in (["tie_weights=false"], ["vocab_size=80"]):  # text for a truth value; refused
+        with pytest.raises(SystemExit, match="--model"):
+            lm.settings("--model", items, tc.language_models.TINY, refused=("vocab_size",))
 
 
 def test_decode_bench():
