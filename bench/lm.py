@@ -34,7 +34,6 @@ from common import bf16_dense_peak, report, sync
 
 import transformer_course as tc
 from transformer_course.language_models import (
-    FIT_MARGIN,
     SHAKESPEARE_CPU_RECIPE,
     SHAKESPEARE_GPU_RECIPE,
     SHAKESPEARE_MINUTE_RECIPE,
@@ -42,6 +41,7 @@ from transformer_course.language_models import (
     generate,
     train_char_lm,
 )
+from transformer_course.language_models.recipe import FIT_MARGIN
 from transformer_course.runtime import machine
 from transformer_course.training.accounting import step_flops
 

@@ -66,7 +66,6 @@ from .model import (
     scratch_state_dict,
 )
 from .recipe import (
-    FIT_MARGIN,
     SHAKESPEARE_CHAPTER_RECIPE,
     SHAKESPEARE_CPU_RECIPE,
     SHAKESPEARE_GPU_RECIPE,
@@ -83,7 +82,6 @@ from .recipe import (
 )
 
 __all__ = [
-    "FIT_MARGIN",
     "GPT",
     "SHAKESPEARE_CHAPTER",
     "SHAKESPEARE_CHAPTER_RECIPE",
