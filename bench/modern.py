@@ -100,6 +100,10 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="one seed, a few steps (tests)")
     args = parser.parse_args()
+    if args.calibration_steps < 8:
+        parser.error(
+            "--calibration-steps must be >= 8 (the short run of the timing takes a quarter)"
+        )
     if args.quick:
         args.seeds, args.eval_batches = [0], args.eval_batches or 2
     args.length_setting = args.length_setting or ("small" if args.quick else "large")

@@ -125,6 +125,11 @@ def test_lm_bench_fits_the_recipe_to_a_time():
     assert r["targets"]["train_seconds"] == ["<=", 5] and "val_loss" not in r["targets"]  # a study
 
 
+def test_lm_bench_refuses_to_fit_a_shortened_run():
+    with pytest.raises(AssertionError, match="exited with 2"):  # argparse's error status
+        run_bench("lm.py", "--steps", "3", "--seconds", "5")
+
+
 def test_lm_bench_reads_settings_as_python_values_and_names_a_wrong_one():
     sys.path.insert(0, str(ROOT / "bench"))
     try:
