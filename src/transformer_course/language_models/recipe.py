@@ -68,8 +68,9 @@ machine it runs on with :func:`fit_to_time`; the goal there, not yet reached: a 
 Its own 1,000 steps of 64 windows took 63 s on the 2-core Intel Xeon where it was tuned (validation
 loss 1.656) and, with its 120-s guard lifted, 165 s on a 2-core AMD EPYC (1.650): a fixed step count
 means a different time on every machine, which is why the benchmark fits the steps to the time instead.
-Fitted to 120 s on the AMD EPYC: 883 steps, 1.675, and (``bench/results/cpu/lm.json``) 709 steps,
-1.705, the machine's step having drifted from about 136 to 159 ms between the two. Other chapters
+Fitted to 120 s on the AMD EPYC (2026-11-28): 883 steps, 1.675, and later 709 and 706 steps, both
+1.705, the machine's step having drifted from about 136 to 159 ms (the recorded run:
+``bench/results/cpu/lm.json``). Other chapters
 build on it as it is: the modern model of :mod:`..extensions` takes its optimisation settings and
 batch, the scaling study of :mod:`..training.scaling` starts from it, and :mod:`..masked`'s GPT
 repeats its values."""
@@ -115,7 +116,8 @@ reached: a validation loss <= 1.70): the chapter's recipe (the model of width 64
 64 windows a step; the 1,000 steps are a placeholder that :func:`fit_to_time` replaces.
 
 Measured on a 2-core AMD EPYC, each fitted to 60 s by :func:`fit_to_time` (validation loss, steps):
-this recipe 1.744 (1,022 steps), 1.764 (916) and, in ``bench/results/cpu/lm_minute.json``, 1.769 (902);
+this recipe 1.744 (1,022 steps), 1.764 (916), 1.769 (902) and 1.802 (783: the fewer steps, the slower
+the machine was running; the recorded run is ``bench/results/cpu/lm_minute.json``);
 the CPU recipe's width-128 model 1.863 (381); width 96, three heads, at 1e-2, 1.794 (591); this recipe
 with 32 windows a step (the chapter's) 1.792 (1,345); with a peak of 2e-2 1.798 and three blocks 1.887,
 both on a stretch where the same machine ran every step about 20 % slower (734 and 503 steps). At a
